@@ -1,0 +1,89 @@
+/* narrowmm: scalar, branch-free conversions between float32 and the 16-bit formats.
+ *
+ * Every function is straight-line integer/float arithmetic with masks instead of branches,
+ * so a loop over an array of them vectorises. They are the definition of the codecs in C;
+ * docs/contracts.md states what they do and tests/test_codecs.py checks them over every
+ * input pattern. They assume the default floating-point environment (round to nearest even,
+ * no flush-to-zero / denormals-are-zero), as the rest of the library does. */
+#ifndef NM_CODEC_SCALAR_H
+#define NM_CODEC_SCALAR_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t nm_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float nm_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* all-ones when cond is non-zero, else zero */
+static inline uint32_t nm_mask(int cond) { return (uint32_t)0 - (uint32_t)(cond != 0); }
+
+/* binary16 -> binary32, exact. A NaN comes back quiet (bit 22 set) with sign and payload
+ * kept, as vcvtph2ps does; +-Inf stays Inf. */
+static inline float nm_fp16_to_f32(uint16_t h) {
+    const uint32_t exp_field = 0x0F800000u; /* binary16 exponent after << 13 */
+    const uint32_t rebias = 0x38000000u;    /* (127 - 15) << 23 */
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t shifted = (uint32_t)(h & 0x7FFFu) << 13;
+    uint32_t e = shifted & exp_field;
+    uint32_t inf_nan = nm_mask(e == exp_field);
+    uint32_t sub = nm_mask(e == 0);
+    uint32_t quiet = inf_nan & nm_mask((h & 0x03FFu) != 0) & 0x00400000u;
+    /* a second rebias carries an all-ones exponent to 0xFF */
+    uint32_t biased = shifted + rebias + (rebias & inf_nan);
+    /* zero / subnormal: 2^-14 * (1 + m/1024) - 2^-14 = m * 2^-24, exact, a float32 normal */
+    float renorm = nm_bits_f32(biased + 0x00800000u) - 0x1p-14f;
+    uint32_t magnitude = (sub & nm_f32_bits(renorm)) | (~sub & biased);
+    return nm_bits_f32(sign | magnitude | quiet);
+}
+
+/* binary32 -> binary16, round to nearest even; overflow to +-Inf; gradual underflow; a NaN
+ * becomes a quiet NaN keeping its sign and top 9 payload bits. Bit-identical to vcvtps2ph
+ * with imm8 = 0 (round to nearest even). */
+static inline uint16_t nm_f32_to_fp16(float f) {
+    uint32_t x = nm_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t a = x & 0x7FFFFFFFu;
+    /* normal result: rebias the exponent and round the 13 dropped bits to nearest even; a
+     * carry out of the mantissa correctly bumps the exponent (65520 -> Inf). */
+    uint32_t odd = (a >> 13) & 1u;
+    uint32_t normal = (a + 0xC8000FFFu + odd) >> 13; /* 0xC8000000 = (15 - 127) << 23 */
+    /* subnormal or zero result: adding 0.5 lines the value up on 2^-24 steps, and the FPU
+     * rounds to nearest even for us; 1024 steps is the smallest normal, also right. */
+    float aligned = nm_bits_f32(a) + 0.5f;
+    uint32_t subnormal = nm_f32_bits(aligned) - 0x3F000000u;
+    uint32_t is_nan = nm_mask(a > 0x7F800000u);
+    uint32_t inf_nan = 0x7C00u | (is_nan & (0x0200u | ((a >> 13) & 0x03FFu)));
+    uint32_t big = nm_mask(a >= 0x47800000u);   /* >= 2^16: Inf, or NaN */
+    uint32_t small = nm_mask(a < 0x38800000u);  /* < 2^-14: subnormal or zero */
+    uint32_t mid = ~(big | small);
+    uint32_t r = (big & inf_nan) | (small & subnormal) | (mid & normal);
+    return (uint16_t)(sign | (r & 0x7FFFu));
+}
+
+/* bfloat16 -> binary32, exact; NaN quieted like nm_fp16_to_f32. */
+static inline float nm_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    uint32_t is_nan = nm_mask((u & 0x7FFFFFFFu) > 0x7F800000u);
+    return nm_bits_f32(u | (is_nan & 0x00400000u));
+}
+
+/* binary32 -> bfloat16, round to nearest even (not truncation); subnormals kept; overflow
+ * to +-Inf; a NaN becomes quiet, keeping its sign and top 6 payload bits. */
+static inline uint16_t nm_f32_to_bf16(float f) {
+    uint32_t x = nm_f32_bits(f);
+    uint32_t is_nan = nm_mask((x & 0x7FFFFFFFu) > 0x7F800000u);
+    uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    uint32_t quiet = (x >> 16) | 0x0040u;
+    return (uint16_t)((is_nan & quiet) | (~is_nan & rounded));
+}
+
+#endif

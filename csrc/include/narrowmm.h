@@ -1,0 +1,56 @@
+/* narrowmm: the C core's entry points, called by the Python binding.
+ * docs/kernels.md describes the layers behind them. */
+#ifndef NARROWMM_H
+#define NARROWMM_H
+
+#include <stdint.h>
+#include "nm_formats.h"
+#include "../kernels/nm_kernels.h"
+
+enum nm_status { NM_OK = 0, NM_ENOMEM = -1, NM_EINVAL = -2 };
+
+/* C[m x n] (+)= A[m x k] @ decode(B[k x n]) under the fma-chain contract.
+ * A element (i,p) = a[i*lda + p]; B element (p,j) at b + p*ldb + j*itemsize (bytes);
+ * C element (i,j) = c[i*ldc + j]. Without accumulate the block is first set to +0.0.
+ * Only the m x n block of C is written. A, B and C must not overlap. */
+int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+              const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
+              int64_t ldc, int accumulate);
+
+/* CPU features the dispatcher looks at (bit set = usable: the CPU has it and the OS saves
+ * the registers it needs). */
+enum nm_cpu_feature {
+    NM_CPU_SSE2 = 1u << 0,
+    NM_CPU_AVX = 1u << 1,
+    NM_CPU_AVX2 = 1u << 2,
+    NM_CPU_FMA = 1u << 3,
+    NM_CPU_F16C = 1u << 4,
+    NM_CPU_AVX512F = 1u << 5,
+    NM_CPU_AVX512BW = 1u << 6,
+    NM_CPU_AVX512VL = 1u << 7,
+    NM_CPU_AVX512DQ = 1u << 8,
+    NM_CPU_AVX512BF16 = 1u << 9,
+    NM_CPU_NEON = 1u << 10,
+};
+
+typedef struct nm_feature_name {
+    unsigned bit;
+    const char *name;
+} nm_feature_name;
+
+extern const nm_feature_name nm_feature_names[];
+extern const int nm_feature_count;
+
+unsigned nm_cpu_features(void);
+
+/* The ISA rows compiled into this build, best first. */
+typedef struct nm_isa_entry {
+    const char *name;
+    unsigned required;                    /* features the row needs */
+    void (*fill)(nm_kernel_row *row);
+} nm_isa_entry;
+
+extern const nm_isa_entry nm_isa_table[];
+extern const int nm_isa_count;
+
+#endif

@@ -1,0 +1,23 @@
+/* narrowmm: the weight formats known to the C core.
+ *
+ * The codes are shared with the Python format table (narrowmm/_formats.py); the binding
+ * exports this list and a test asserts both sides agree. Adding a format (FP8 later) means
+ * adding a row here, a codec, and kernel slots; nothing else switches on the format. */
+#ifndef NM_FORMATS_H
+#define NM_FORMATS_H
+
+enum nm_format {
+    NM_FMT_F32 = 0,  /* IEEE binary32, stored as is */
+    NM_FMT_FP16 = 1, /* IEEE binary16 */
+    NM_FMT_BF16 = 2, /* bfloat16: the high half of a binary32 */
+    NM_FMT_COUNT
+};
+
+typedef struct nm_format_info {
+    const char *name; /* the Python-side name: "f32", "fp16", "bf16" */
+    int itemsize;     /* bytes per stored element */
+} nm_format_info;
+
+extern const nm_format_info nm_format_table[NM_FMT_COUNT];
+
+#endif

@@ -1,0 +1,65 @@
+/* narrowmm: the microkernel contract and the kernel table (one row per ISA).
+ *
+ * Three rooms, as in BLIS:
+ *   kernels/<isa>/  microkernels: compute, never decide blocking or threads;
+ *   frame/          the loops: zeroing, blocking, packing, splitting work across threads;
+ *   dispatch/       which row of this table a CPU uses.
+ * docs/kernels.md draws the contract below.
+ *
+ * Numerical contract shared by every slot: each float32 output element c is updated as
+ *     c = fma(a[p], w[p], c)   for p ascending,
+ * one fused multiply-add per step, starting from the value c holds on entry. Nothing is
+ * summed in another order, so every row of this table gives identical bits. All sizes and
+ * strides are 64-bit; strides are leading dimensions of a parent matrix. */
+#ifndef NM_KERNELS_H
+#define NM_KERNELS_H
+
+#include <stdint.h>
+#include "nm_formats.h"
+
+/* m == 1 streaming product over a column range:
+ *     c[j] = fma(a[p], decode(B[p][j]), c[j])   for p = 0..k-1, j = 0..n-1
+ * B element (p, j) is the itemsize bytes at b + p*ldb + j*itemsize (ldb in bytes; b needs
+ * no alignment). a and c are float-aligned; c holds the chain's starting values. */
+typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
+                           int64_t ldb, float *c);
+
+/* Packing: decode a kc x nc block of B into float32 slivers of width nr:
+ *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
+ * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. */
+typedef void (*nm_pack_fn)(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,
+                           float *dst);
+
+/* Register-blocked microkernel on one mr x nr tile of C (mr <= MR, nr <= NR of its row):
+ *     c[i*ldc + j] = fma(a[i*lda + p], bp[p*NR + j], c[i*ldc + j])  for p = 0..kc-1
+ * bp is one packed sliver (kc rows of NR floats, 64-byte aligned); only the mr x nr
+ * elements of C are read or written. */
+typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *a,
+                              int64_t lda, const float *bp, float *c, int64_t ldc);
+
+/* Array codecs over n contiguous elements (no alignment needed). */
+typedef void (*nm_decode_fn)(const uint16_t *src, float *dst, int64_t n);
+typedef void (*nm_encode_fn)(const float *src, uint16_t *dst, int64_t n);
+
+typedef struct nm_kernel_row {
+    const char *isa;      /* "scalar", "avx2", ... */
+    int mr, nr;           /* microkernel tile */
+    int64_t kc, nc;       /* cache blocking the frame uses with this row's kernels */
+    nm_gemv_fn gemv[NM_FMT_COUNT];
+    const char *gemv_name[NM_FMT_COUNT];
+    nm_pack_fn pack[NM_FMT_COUNT];
+    const char *pack_name[NM_FMT_COUNT];
+    nm_ukernel_fn ukernel;
+    const char *ukernel_name;
+    /* codecs exist for the 16-bit formats only (f32 needs none) */
+    nm_decode_fn decode[NM_FMT_COUNT];
+    const char *decode_name[NM_FMT_COUNT];
+    nm_encode_fn encode[NM_FMT_COUNT];
+    const char *encode_name[NM_FMT_COUNT];
+} nm_kernel_row;
+
+/* Each ISA folder provides one function filling a row; a SIMD row starts as a copy of the
+ * scalar row and overrides the slots it implements, so no slot is ever empty. */
+void nm_fill_row_scalar(nm_kernel_row *row);
+
+#endif

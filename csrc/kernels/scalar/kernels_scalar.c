@@ -1,0 +1,111 @@
+/* narrowmm: portable C kernels, the row every other row starts from.
+ *
+ * fmaf is exact (a single rounding) whether or not the CPU has FMA: the C library falls
+ * back to a correct software version, so this row keeps the contract everywhere. */
+#include <math.h>
+#include <string.h>
+
+#include "../../codecs/codec_scalar.h"
+#include "../nm_kernels.h"
+
+static inline float load_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h); /* B may sit at any byte offset */
+    return h;
+}
+
+/* One definition of each gemv: straight i-p-j, B streamed row by row exactly once. */
+#define NM_DEFINE_GEMV(NAME, LOAD)                                                         \
+    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,  \
+                     float *c) {                                                           \
+        for (int64_t p = 0; p < k; ++p) {                                                  \
+            const float ap = a[p];                                                         \
+            const uint8_t *row = b + p * ldb;                                              \
+            for (int64_t j = 0; j < n; ++j) c[j] = fmaf(ap, LOAD, c[j]);                  \
+        }                                                                                  \
+    }
+
+NM_DEFINE_GEMV(gemv_f32_scalar, load_f32(row + 4 * j))
+NM_DEFINE_GEMV(gemv_fp16_scalar, nm_fp16_to_f32(load_u16(row + 2 * j)))
+NM_DEFINE_GEMV(gemv_bf16_scalar, nm_bf16_to_f32(load_u16(row + 2 * j)))
+
+#define NM_DEFINE_PACK(NAME, ITEMSIZE, DECODE)                                             \
+    static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,        \
+                     float *dst) {                                                         \
+        for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                          \
+            int64_t w = nc - j0 < nr ? nc - j0 : nr;                                       \
+            float *sliver = dst + (j0 / nr) * kc * nr;                                     \
+            for (int64_t p = 0; p < kc; ++p) {                                             \
+                const uint8_t *src = b + p * ldb + (ITEMSIZE) * j0;                        \
+                float *out = sliver + p * nr;                                              \
+                for (int64_t j = 0; j < w; ++j) out[j] = DECODE(src + (ITEMSIZE) * j);     \
+                for (int64_t j = w; j < nr; ++j) out[j] = 0.0f;                            \
+            }                                                                              \
+        }                                                                                  \
+    }
+
+static inline float decode_fp16_at(const uint8_t *p) { return nm_fp16_to_f32(load_u16(p)); }
+static inline float decode_bf16_at(const uint8_t *p) { return nm_bf16_to_f32(load_u16(p)); }
+
+NM_DEFINE_PACK(pack_f32_scalar, 4, load_f32)
+NM_DEFINE_PACK(pack_fp16_scalar, 2, decode_fp16_at)
+NM_DEFINE_PACK(pack_bf16_scalar, 2, decode_bf16_at)
+
+#define SCALAR_NR 8
+
+/* i-p-j over one tile: each C element still sees p ascending. */
+static void ukernel_4x8_scalar(int64_t kc, int64_t mr, int64_t nr, const float *a,
+                               int64_t lda, const float *bp, float *c, int64_t ldc) {
+    for (int64_t i = 0; i < mr; ++i) {
+        float acc[SCALAR_NR];
+        for (int64_t j = 0; j < nr; ++j) acc[j] = c[i * ldc + j];
+        for (int64_t p = 0; p < kc; ++p) {
+            const float ap = a[i * lda + p];
+            const float *bj = bp + p * SCALAR_NR;
+            for (int64_t j = 0; j < nr; ++j) acc[j] = fmaf(ap, bj[j], acc[j]);
+        }
+        for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] = acc[j];
+    }
+}
+
+static void decode_fp16_scalar(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_fp16_to_f32(src[i]);
+}
+static void decode_bf16_scalar(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_bf16_to_f32(src[i]);
+}
+static void encode_fp16_scalar(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_fp16(src[i]);
+}
+static void encode_bf16_scalar(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
+}
+
+#define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
+
+void nm_fill_row_scalar(nm_kernel_row *row) {
+    memset(row, 0, sizeof *row);
+    row->isa = "scalar";
+    row->mr = 4;
+    row->nr = SCALAR_NR;
+    row->kc = 256;
+    row->nc = 512;
+    SET(gemv, NM_FMT_F32, gemv_f32_scalar);
+    SET(gemv, NM_FMT_FP16, gemv_fp16_scalar);
+    SET(gemv, NM_FMT_BF16, gemv_bf16_scalar);
+    SET(pack, NM_FMT_F32, pack_f32_scalar);
+    SET(pack, NM_FMT_FP16, pack_fp16_scalar);
+    SET(pack, NM_FMT_BF16, pack_bf16_scalar);
+    row->ukernel = ukernel_4x8_scalar;
+    row->ukernel_name = "ukernel_4x8_scalar";
+    SET(decode, NM_FMT_FP16, decode_fp16_scalar);
+    SET(decode, NM_FMT_BF16, decode_bf16_scalar);
+    SET(encode, NM_FMT_FP16, encode_fp16_scalar);
+    SET(encode, NM_FMT_BF16, encode_bf16_scalar);
+}

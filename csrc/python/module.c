@@ -1,0 +1,401 @@
+/* narrowmm._core: the CPython binding of the C core.
+ *
+ * Arrays arrive through the buffer protocol (no NumPy C API). The Python layer
+ * (narrowmm/_api.py) validates first and gives the friendly messages; this file checks
+ * everything again, because a call that reaches C with a bad shape or stride must raise,
+ * never read or write out of bounds. The GIL is released while kernels run. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/narrowmm.h"
+
+static nm_kernel_row rows[16];
+static int row_supported[16];
+static const nm_kernel_row *current_row;
+static unsigned cpu_features;
+
+/* ---- buffer checks ------------------------------------------------------------------ */
+
+/* A native-order, single-item format whose code is one of `accept`: "f", "<f", "=f", ...
+ * (the library only builds for little-endian targets; see CMakeLists.txt). */
+static int format_ok(const char *fmt, const char *accept) {
+    if (!fmt) fmt = "B";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;
+    if (fmt[0] == '\0' || fmt[1] != '\0') return 0;
+    return strchr(accept, fmt[0]) != NULL;
+}
+
+typedef struct matrix {
+    Py_buffer view;
+    int held;
+    int64_t rows, cols, ld; /* ld in bytes */
+} matrix;
+
+static void release(matrix *m) {
+    if (m->held) PyBuffer_Release(&m->view);
+    m->held = 0;
+}
+
+/* Get a 2-D buffer whose rows are contiguous runs of `itemsize`-byte items. */
+static int get_matrix(PyObject *obj, const char *what, int writable, int itemsize,
+                      const char *accept, matrix *m) {
+    int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &m->view, flags) < 0) {
+        PyErr_Clear();
+        if (writable && PyObject_CheckBuffer(obj))
+            PyErr_Format(PyExc_ValueError, "%s must be a writable array", what);
+        else
+            PyErr_Format(PyExc_TypeError, "%s must support the buffer protocol, got %.100s",
+                         what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    m->held = 1;
+    Py_buffer *v = &m->view;
+    if (v->ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "%s must be 2-D, got %d-D", what, v->ndim);
+        return -1;
+    }
+    if (v->itemsize != itemsize || !format_ok(v->format, accept)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s has item format '%s' (%zd bytes), expected %d-byte items of '%s'",
+                     what, v->format ? v->format : "B", v->itemsize, itemsize, accept);
+        return -1;
+    }
+    m->rows = v->shape[0];
+    m->cols = v->shape[1];
+    if (m->cols > 1 && v->strides[1] != itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s must have contiguous rows (inner stride %zd)",
+                     what, v->strides[1]);
+        return -1;
+    }
+    m->ld = v->strides[0];
+    if (m->rows > 1 && m->ld < 0) {
+        PyErr_Format(PyExc_ValueError, "%s has a negative row stride", what);
+        return -1;
+    }
+    if (m->rows <= 1) m->ld = m->cols * itemsize;
+    return 0;
+}
+
+/* [lo, hi) byte range a matrix's elements occupy */
+static void extent(const matrix *m, int itemsize, uintptr_t *lo, uintptr_t *hi) {
+    uintptr_t base = (uintptr_t)m->view.buf;
+    *lo = base;
+    *hi = m->rows == 0 || m->cols == 0
+              ? base
+              : base + (uintptr_t)((m->rows - 1) * m->ld + m->cols * itemsize);
+}
+
+static int overlaps(const matrix *x, int xs, const matrix *y, int ys) {
+    uintptr_t xl, xh, yl, yh;
+    extent(x, xs, &xl, &xh);
+    extent(y, ys, &yl, &yh);
+    return xl < yh && yl < xh;
+}
+
+static int parse_format(int fmt) {
+    if (fmt < 0 || fmt >= NM_FMT_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown format code %d", fmt);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+static PyObject *py_matmul(PyObject *self, PyObject *args) {
+    (void)self;
+    int fmt, accumulate;
+    PyObject *ao, *bo, *co;
+    if (!PyArg_ParseTuple(args, "iOOOp:matmul", &fmt, &ao, &bo, &co, &accumulate))
+        return NULL;
+    if (parse_format(fmt) < 0) return NULL;
+    const int bsize = nm_format_table[fmt].itemsize;
+    /* 16-bit weights arrive as raw bits (uint16/int16) or as NumPy float16 ('e') */
+    const char *b_accept = bsize == 4 ? "f" : "Hhe";
+    matrix a = {0}, b = {0}, c = {0};
+    PyObject *result = NULL;
+    if (get_matrix(ao, "x", 0, 4, "f", &a) < 0) goto done;
+    if (get_matrix(bo, "weights", 0, bsize, b_accept, &b) < 0) goto done;
+    if (get_matrix(co, "out", 1, 4, "f", &c) < 0) goto done;
+    if (a.cols != b.rows || c.rows != a.rows || c.cols != b.cols) {
+        PyErr_Format(PyExc_ValueError,
+                     "shapes do not match: x (%lld, %lld) @ weights (%lld, %lld) -> out "
+                     "(%lld, %lld)",
+                     (long long)a.rows, (long long)a.cols, (long long)b.rows,
+                     (long long)b.cols, (long long)c.rows, (long long)c.cols);
+        goto done;
+    }
+    if (((uintptr_t)a.view.buf | (uintptr_t)a.ld | (uintptr_t)c.view.buf | (uintptr_t)c.ld) %
+        sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "x and out must be float32-aligned");
+        goto done;
+    }
+    if (c.rows > 1 && c.ld < c.cols * 4) {
+        PyErr_SetString(PyExc_ValueError, "out has overlapping rows");
+        goto done;
+    }
+    if (overlaps(&c, 4, &a, 4) || overlaps(&c, 4, &b, bsize)) {
+        PyErr_SetString(PyExc_ValueError, "out overlaps x or the weights");
+        goto done;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = nm_matmul(current_row, fmt, a.rows, b.cols, a.cols, (const float *)a.view.buf,
+                       a.ld / 4, (const uint8_t *)b.view.buf, b.ld, (float *)c.view.buf,
+                       c.ld / 4, accumulate);
+    Py_END_ALLOW_THREADS
+    if (status == NM_ENOMEM) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (status != NM_OK) {
+        PyErr_SetString(PyExc_ValueError, "invalid matmul arguments");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    release(&a);
+    release(&b);
+    release(&c);
+    return result;
+}
+
+/* ---- codecs ------------------------------------------------------------------------- */
+
+static int get_vector(PyObject *obj, const char *what, int writable, Py_buffer *v) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a%s C-contiguous buffer", what,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *codec_call(PyObject *args, int encode) {
+    int fmt;
+    PyObject *so, *dobj;
+    if (!PyArg_ParseTuple(args, "iOO", &fmt, &so, &dobj)) return NULL;
+    if (parse_format(fmt) < 0) return NULL;
+    if (nm_format_table[fmt].itemsize != 2) {
+        PyErr_Format(PyExc_ValueError, "format '%s' has no codec", nm_format_table[fmt].name);
+        return NULL;
+    }
+    Py_buffer s, d;
+    if (get_vector(so, "source", 0, &s) < 0) return NULL;
+    if (get_vector(dobj, "destination", 1, &d) < 0) {
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    const Py_ssize_t in_size = encode ? 4 : 2, out_size = encode ? 2 : 4;
+    PyObject *result = NULL;
+    if (s.len % in_size || d.len % out_size || s.len / in_size != d.len / out_size) {
+        PyErr_SetString(PyExc_ValueError, "source and destination sizes do not match");
+    } else if (((uintptr_t)s.buf % in_size) || ((uintptr_t)d.buf % out_size)) {
+        PyErr_SetString(PyExc_ValueError, "codec buffers must be aligned to their item size");
+    } else {
+        const int64_t n = s.len / in_size;
+        const nm_kernel_row *row = current_row;
+        Py_BEGIN_ALLOW_THREADS
+        if (encode)
+            row->encode[fmt]((const float *)s.buf, (uint16_t *)d.buf, n);
+        else
+            row->decode[fmt]((const uint16_t *)s.buf, (float *)d.buf, n);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&d);
+    return result;
+}
+
+static PyObject *py_encode(PyObject *self, PyObject *args) {
+    (void)self;
+    return codec_call(args, 1);
+}
+static PyObject *py_decode(PyObject *self, PyObject *args) {
+    (void)self;
+    return codec_call(args, 0);
+}
+
+/* ---- introspection ------------------------------------------------------------------ */
+
+static PyObject *feature_list(unsigned bits) {
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (int i = 0; i < nm_feature_count; ++i) {
+        if (!(bits & nm_feature_names[i].bit)) continue;
+        PyObject *s = PyUnicode_FromString(nm_feature_names[i].name);
+        if (!s || PyList_Append(list, s) < 0) {
+            Py_XDECREF(s);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(s);
+    }
+    return list;
+}
+
+static PyObject *py_cpu_features(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return feature_list(cpu_features);
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(current_row->isa);
+}
+
+/* [(name, supported, [missing features]), ...] best first */
+static PyObject *py_isa_rows(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    PyObject *list = PyList_New(nm_isa_count);
+    if (!list) return NULL;
+    for (int i = 0; i < nm_isa_count; ++i) {
+        PyObject *missing = feature_list(nm_isa_table[i].required & ~cpu_features);
+        if (!missing) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyObject *t = Py_BuildValue("(sON)", nm_isa_table[i].name,
+                                    row_supported[i] ? Py_True : Py_False, missing);
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}
+
+static int find_row(const char *name) {
+    for (int i = 0; i < nm_isa_count; ++i)
+        if (strcmp(nm_isa_table[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* Select a row by name; raises if unknown or unsupported. */
+static int select_row(const char *name, const char *origin) {
+    int i = find_row(name);
+    if (i < 0) {
+        char names[256] = "";
+        for (int j = 0; j < nm_isa_count; ++j) {
+            if (j) strncat(names, ", ", sizeof names - strlen(names) - 1);
+            strncat(names, nm_isa_table[j].name, sizeof names - strlen(names) - 1);
+        }
+        PyErr_Format(PyExc_ValueError, "%s: unknown ISA row '%s' (this build has: %s)", origin,
+                     name, names);
+        return -1;
+    }
+    if (!row_supported[i]) {
+        PyObject *missing = feature_list(nm_isa_table[i].required & ~cpu_features);
+        if (missing)
+            PyErr_Format(PyExc_RuntimeError, "%s: this CPU cannot run the '%s' row (missing %R)",
+                         origin, name, missing);
+        Py_XDECREF(missing);
+        return -1;
+    }
+    current_row = &rows[i];
+    return 0;
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    if (select_row(name, "set_isa") < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* kernel_names(op, fmt) -> list of C kernel names serving it in the current row */
+static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *op;
+    int fmt;
+    if (!PyArg_ParseTuple(args, "si", &op, &fmt)) return NULL;
+    if (parse_format(fmt) < 0) return NULL;
+    const nm_kernel_row *r = current_row;
+    if (strcmp(op, "matmul") == 0) {
+        if (!r->gemv[fmt] || !r->pack[fmt] || !r->ukernel) return PyList_New(0);
+        return Py_BuildValue("[sss]", r->gemv_name[fmt], r->pack_name[fmt], r->ukernel_name);
+    }
+    if (strcmp(op, "encode") == 0)
+        return r->encode[fmt] ? Py_BuildValue("[s]", r->encode_name[fmt]) : PyList_New(0);
+    if (strcmp(op, "decode") == 0)
+        return r->decode[fmt] ? Py_BuildValue("[s]", r->decode_name[fmt]) : PyList_New(0);
+    PyErr_Format(PyExc_ValueError, "unknown operation '%s'", op);
+    return NULL;
+}
+
+static PyObject *py_formats(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    PyObject *list = PyList_New(NM_FMT_COUNT);
+    if (!list) return NULL;
+    for (int i = 0; i < NM_FMT_COUNT; ++i) {
+        PyObject *t = Py_BuildValue("(isi)", i, nm_format_table[i].name,
+                                    nm_format_table[i].itemsize);
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}
+
+static PyMethodDef methods[] = {
+    {"matmul", py_matmul, METH_VARARGS,
+     "matmul(fmt, x, weights, out, accumulate): out (+)= x @ decode(weights)."},
+    {"encode", py_encode, METH_VARARGS, "encode(fmt, float32 src, uint16 dst)."},
+    {"decode", py_decode, METH_VARARGS, "decode(fmt, uint16 src, float32 dst)."},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "Usable CPU features."},
+    {"isa", py_isa, METH_NOARGS, "Name of the ISA row in use."},
+    {"isa_rows", py_isa_rows, METH_NOARGS, "Compiled rows: (name, supported, missing)."},
+    {"set_isa", py_set_isa, METH_O, "Switch the ISA row (tests and benchmarks)."},
+    {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},
+    {"formats", py_formats, METH_NOARGS, "The C format table: (code, name, itemsize)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int core_exec(PyObject *module) {
+    (void)module;
+    cpu_features = nm_cpu_features();
+    if (nm_isa_count > (int)(sizeof rows / sizeof rows[0])) {
+        PyErr_SetString(PyExc_RuntimeError, "too many ISA rows");
+        return -1;
+    }
+    current_row = NULL;
+    for (int i = 0; i < nm_isa_count; ++i) {
+        nm_isa_table[i].fill(&rows[i]);
+        row_supported[i] = (nm_isa_table[i].required & ~cpu_features) == 0;
+        if (row_supported[i] && !current_row) current_row = &rows[i];
+    }
+    const char *forced = getenv("NARROWMM_ISA");
+    if (forced && *forced && select_row(forced, "NARROWMM_ISA") < 0) return -1;
+    if (!current_row) {
+        PyErr_SetString(PyExc_RuntimeError, "no ISA row can run on this CPU");
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, core_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "narrowmm._core", "narrowmm's C core.", 0, methods, slots,
+    NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&moduledef); }

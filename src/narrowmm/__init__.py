@@ -1,0 +1,41 @@
+"""narrowmm: float32 activations times FP16 / BF16 weights on the CPU, fast and
+bit-for-bit reproducible.
+
+>>> import numpy as np, narrowmm as nm
+>>> w = nm.Weights.encode(np.ones((4, 3), np.float32), "bf16")
+>>> nm.matmul(np.ones((2, 4), np.float32), w)
+array([[4., 4., 4.],
+       [4., 4., 4.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+from ._api import decode, encode, matmul
+from ._formats import FORMATS, Format, get_format
+from ._runtime import runtime_info, show_runtime
+from ._weights import Weights
+from .providers import FallbackWarning, Provider, providers, use_provider
+
+try:
+    __version__ = _metadata.version("narrowmm")
+except _metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = [
+    "FORMATS",
+    "FallbackWarning",
+    "Format",
+    "Provider",
+    "Weights",
+    "__version__",
+    "decode",
+    "encode",
+    "get_format",
+    "matmul",
+    "providers",
+    "runtime_info",
+    "show_runtime",
+    "use_provider",
+]

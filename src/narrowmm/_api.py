@@ -1,0 +1,146 @@
+"""The public operations: matmul, encode, decode. Validation lives here, once, before any
+provider runs, so every provider sees the same well-formed arguments and a bad call leaves
+``out`` untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._formats import Format, get_format
+from ._weights import Weights
+from .providers import resolve
+
+_F32 = np.dtype(np.float32)
+
+
+def _check_float32(a: object, what: str) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray of float32, got {type(a).__name__}")
+    if a.dtype != _F32:
+        if a.dtype.kind == "f" and a.dtype.itemsize == 4 and not a.dtype.isnative:
+            raise TypeError(f"{what} is float32 of non-native byte order ({a.dtype.str}); "
+                            f"use {what}.astype(numpy.float32)")
+        raise TypeError(f"{what} must be float32, got {a.dtype}; convert with "
+                        f"{what}.astype(numpy.float32)")
+    return a
+
+
+def _kernel_friendly(a: np.ndarray) -> bool:
+    """Rows contiguous, row stride a non-negative multiple of 4 bytes, float-aligned."""
+    rows, cols = a.shape
+    if cols > 1 and a.strides[1] != 4:
+        return False
+    if rows > 1 and (a.strides[0] < 0 or a.strides[0] % 4):
+        return False
+    return a.ctypes.data % 4 == 0
+
+
+def _activations(x: object, k: int) -> tuple[np.ndarray, bool]:
+    """x as a (m, k) float32 array the kernels accept, and whether it was 1-D."""
+    a = _check_float32(x, "x")
+    if a.ndim not in (1, 2):
+        raise ValueError(f"x must be 1-D (k,) or 2-D (m, k), got shape {a.shape}")
+    vector = a.ndim == 1
+    a2 = a[None, :] if vector else a
+    if a2.shape[1] != k:
+        raise ValueError(f"x has {a2.shape[1]} columns but the weights have k={k} rows "
+                         f"(x shape {a.shape})")
+    if not _kernel_friendly(a2):
+        a2 = np.ascontiguousarray(a2)  # activations are small next to weights: copy
+    return a2, vector
+
+
+def matmul(
+    x: np.ndarray,
+    w: Weights | np.ndarray,
+    out: np.ndarray | None = None,
+    *,
+    accumulate: bool = False,
+) -> np.ndarray:
+    """``x @ w`` with float32 activations and narrow weights, bit-reproducibly.
+
+    Every output element is the chain ``c = fma(x[i, p], w[p, j], c)`` over p ascending,
+    starting from +0.0, or from ``out``'s value when ``accumulate=True``; every provider,
+    ISA and thread count gives the same bits.
+
+    Args:
+        x: float32 activations, shape (m, k) or (k,).
+        w: :class:`Weights` of shape (k, n), or an array ``Weights(...)`` accepts.
+        out: optional float32 array of shape (m, n) (or (n,) for 1-D ``x``) to write into.
+        accumulate: add into ``out`` (``out += x @ w``, fused per step) instead of
+            overwriting it. Requires ``out``.
+
+    Returns:
+        ``out`` if given, else a new float32 array of shape (m, n) or (n,).
+
+    Raises:
+        TypeError: wrong dtypes or non-array arguments.
+        ValueError: mismatched shapes, a read-only ``out``, ``out`` sharing memory with
+            ``x`` or the weights, ``accumulate`` without ``out``.
+    """
+    if not isinstance(w, Weights):
+        w = Weights(w)
+    k, n = w.shape
+    xa, vector = _activations(x, k)
+    m = xa.shape[0]
+    out_shape = (n,) if vector else (m, n)
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs an out array to accumulate into")
+        target = np.empty((m, n), _F32)
+        kernel_out = target
+        result = target[0] if vector else target
+    else:
+        o = _check_float32(out, "out")
+        if o.shape != out_shape:
+            raise ValueError(f"out must have shape {out_shape}, got {o.shape}")
+        if not o.flags.writeable:
+            raise ValueError("out is read-only")
+        if np.may_share_memory(o, x) or np.may_share_memory(o, w.bits):
+            raise ValueError("out shares memory with x or the weights")
+        target = o[None, :] if vector else o
+        if _kernel_friendly(target):
+            kernel_out = target
+        else:  # compute in a scratch array and copy back: out may have any strides
+            kernel_out = np.array(target, order="C") if accumulate else np.empty((m, n), _F32)
+        result = o
+    _, kernel = resolve("matmul", w.format)
+    kernel.fn(xa, w.bits, kernel_out, bool(accumulate))
+    if kernel_out is not target:
+        target[...] = kernel_out
+    return result
+
+
+def _codec_format(format: str | Format) -> Format:
+    fmt = get_format(format)
+    if not fmt.has_codec:
+        raise ValueError(f"format {fmt.name!r} is stored as is and has no codec")
+    return fmt
+
+
+def encode(values: np.ndarray, format: str | Format) -> np.ndarray:
+    """Round float32 ``values`` to ``format`` (nearest even) and return the uint16 bits.
+
+    Overflow gives +-Inf, tiny values underflow gradually through subnormals, and a NaN
+    becomes a quiet NaN keeping its sign and top payload bits. Any shape; the result has
+    the same shape.
+    """
+    fmt = _codec_format(format)
+    a = _check_float32(values, "values")
+    if not a.dtype.isnative:
+        raise TypeError("values must have native byte order")
+    flat = np.ascontiguousarray(a).reshape(-1)
+    _, kernel = resolve("encode", fmt)
+    return kernel.fn(flat).reshape(a.shape)
+
+
+def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
+    """Exact float32 values of uint16 bit patterns in ``format``; NaNs come back quiet."""
+    fmt = _codec_format(format)
+    if not isinstance(bits, np.ndarray):
+        raise TypeError(f"bits must be a numpy.ndarray of uint16, got {type(bits).__name__}")
+    if bits.dtype.itemsize != 2 or bits.dtype.kind not in "uif" or not bits.dtype.isnative:
+        raise TypeError(f"bits must be uint16 (or int16/float16), got {bits.dtype}")
+    flat = np.ascontiguousarray(bits).reshape(-1).view(np.uint16)
+    _, kernel = resolve("decode", fmt)
+    return kernel.fn(flat).reshape(bits.shape)

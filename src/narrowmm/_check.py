@@ -1,0 +1,110 @@
+"""``narrowmm check``: a self-test a user runs on their own machine.
+
+Each check compares the provider that serves calls here (normally native) with the
+pure-Python reference, bit for bit, and reports pass/fail.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ._api import decode, encode, matmul
+from ._formats import FORMATS
+from ._weights import Weights
+from .providers import use_provider
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit equality of float32 arrays, where NaN only has to meet NaN (payloads are free)."""
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    if a.shape != b.shape:
+        return False
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    if not np.array_equal(nan_a, nan_b):
+        return False
+    return bool(np.array_equal(a.view(np.uint32)[~nan_a], b.view(np.uint32)[~nan_b]))
+
+
+def _decode_sweep(fmt: str) -> str | None:
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    got = decode(bits, fmt)
+    with use_provider("reference"):
+        want = decode(bits, fmt)
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    return None if bad.size == 0 else f"{bad.size} patterns differ, first {bits[bad[0]]:#06x}"
+
+
+def _encode_sample(fmt: str) -> str | None:
+    rng = np.random.default_rng(1)
+    words = np.concatenate([
+        rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32),
+        np.arange(0x7F7FF000, 0x7F801000, dtype=np.uint32),  # around max and Inf
+        np.arange(0x33000000, 0x33001000, dtype=np.uint32),  # around fp16's 2^-25
+        np.arange(0, 4096, dtype=np.uint32),                 # float32 subnormals
+    ])
+    values = words.view(np.float32)
+    got = encode(values, fmt)
+    with use_provider("reference"):
+        want = encode(values, fmt)
+    bad = np.flatnonzero(got != want)
+    return None if bad.size == 0 else f"{bad.size} values differ, first {words[bad[0]]:#010x}"
+
+
+def _kernel_sweep(fmt: str, rows: int) -> str | None:
+    """All 65,536 weight patterns times 1.0 into a zeroed C: equals the decoded value
+    (+0 for -0); rows=2 adds a zero-weighted row so the m > 1 (packed) path runs."""
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)[None, :]
+    x = np.zeros((rows, 1), np.float32)
+    x[0, 0] = 1.0
+    got = matmul(x, Weights.from_bits(bits, fmt))[0]
+    want = decode(bits[0], fmt) + np.float32(0.0)
+    return None if same_bits(got, want) else "kernel output differs from the decoded weights"
+
+
+def _parity(fmt: str) -> str | None:
+    rng = np.random.default_rng(7)
+    for m, k, n in ((1, 17, 33), (3, 9, 70), (5, 23, 7), (2, 300, 19)):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w32 = rng.standard_normal((k, n)).astype(np.float32)
+        w = Weights.encode(w32, fmt)
+        got = matmul(x, w)
+        with use_provider("reference"):
+            want = matmul(x, w)
+        if not same_bits(got, want):
+            return f"m={m} k={k} n={n}: differs from the reference"
+    return None
+
+
+def checks() -> list[tuple[str, Callable[[], str | None]]]:
+    """(name, check) pairs; a check returns None on success or what went wrong."""
+    items: list[tuple[str, Callable[[], str | None]]] = []
+    for fmt in (f.name for f in FORMATS.values() if f.has_codec):
+        items.append((f"decode {fmt}: all 65,536 patterns", lambda f=fmt: _decode_sweep(f)))
+        items.append((f"encode {fmt}: edge and random values", lambda f=fmt: _encode_sample(f)))
+        items.append((f"matmul {fmt}: 65,536-pattern sweep, m=1", lambda f=fmt: _kernel_sweep(f, 1)))
+        items.append((f"matmul {fmt}: 65,536-pattern sweep, m=2 (packed)",
+                      lambda f=fmt: _kernel_sweep(f, 2)))
+    for fmt in FORMATS:
+        items.append((f"matmul {fmt}: random shapes vs reference", lambda f=fmt: _parity(f)))
+    return items
+
+
+def run_checks() -> int:
+    """Run every check, print one line each, return the number of failures."""
+    failures = 0
+    for name, check in checks():
+        t0 = time.perf_counter()
+        try:
+            problem = check()
+        except Exception as exc:  # a crash is a failure to report, not to hide
+            problem = f"{type(exc).__name__}: {exc}"
+        dt = time.perf_counter() - t0
+        status = "PASS" if problem is None else "FAIL"
+        failures += problem is not None
+        print(f"{status}  {name}  ({dt:.2f} s){'' if problem is None else ': ' + problem}")
+    print(f"{len(checks()) - failures} passed, {failures} failed")
+    return failures

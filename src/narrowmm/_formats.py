@@ -1,0 +1,84 @@
+"""The weight formats: one table, so that a new format (FP8) is a new row, not new branches.
+
+Each provider keeps its own kernel table keyed by these names, and the C core keeps the same
+list under the same codes (``csrc/include/nm_formats.h``); a test checks that they agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Format:
+    """A storage format for weights.
+
+    Attributes:
+        name: canonical name (``"f32"``, ``"fp16"``, ``"bf16"``).
+        code: the C core's ``nm_format`` code.
+        itemsize: bytes per stored element.
+        storage: NumPy dtype that holds the raw stored elements (bits for 16-bit formats).
+        exponent_bits, mantissa_bits: the layout, for documentation and range checks.
+        numpy_names: dtype names whose arrays wrap as this format without a copy.
+        description: one line for ``narrowmm info``.
+    """
+
+    name: str
+    code: int
+    itemsize: int
+    storage: np.dtype
+    exponent_bits: int
+    mantissa_bits: int
+    numpy_names: tuple[str, ...]
+    description: str
+
+    @property
+    def has_codec(self) -> bool:
+        """True when values must be encoded/decoded (every format but f32)."""
+        return self.name != "f32"
+
+    def __repr__(self) -> str:
+        return f"Format({self.name!r})"
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("f32", 0, 4, np.dtype(np.float32), 8, 23, ("float32",), "IEEE binary32"),
+        Format("fp16", 1, 2, np.dtype(np.uint16), 5, 10, ("float16",), "IEEE binary16"),
+        Format("bf16", 2, 2, np.dtype(np.uint16), 8, 7, ("bfloat16",), "bfloat16 (Brain)"),
+    )
+}
+
+_ALIASES = {"float32": "f32", "fp32": "f32", "float16": "fp16", "f16": "fp16",
+            "half": "fp16", "bfloat16": "bf16"}
+
+OPERATIONS = ("matmul", "encode", "decode")
+
+
+def get_format(fmt: str | Format) -> Format:
+    """Return the :class:`Format` named ``fmt`` (a name, an alias, or a Format)."""
+    if isinstance(fmt, Format):
+        return fmt
+    if not isinstance(fmt, str):
+        raise TypeError(f"format must be a string, got {type(fmt).__name__}")
+    key = fmt.lower()
+    key = _ALIASES.get(key, key)
+    try:
+        return FORMATS[key]
+    except KeyError:
+        raise ValueError(
+            f"unknown format {fmt!r}; known formats: {', '.join(FORMATS)}"
+        ) from None
+
+
+def operations() -> list[tuple[str, Format]]:
+    """Every (operation, format) pair the library promises to serve."""
+    pairs = []
+    for op in OPERATIONS:
+        for f in FORMATS.values():
+            if op == "matmul" or f.has_codec:
+                pairs.append((op, f))
+    return pairs

@@ -1,0 +1,85 @@
+"""What the library chose on this machine and why (the ``narrowmm info`` command)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from typing import Any
+
+import numpy as np
+
+from ._formats import operations
+from .providers import forced_provider, get_provider, providers, resolve
+from .providers.native import core, describe_kernels
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as the OS reports it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def runtime_info() -> dict[str, Any]:
+    """A JSON-ready description: version, CPU, ISA row, threads, providers, kernels."""
+    from . import __version__
+
+    c = core()
+    native = get_provider("native")
+    kernels = []
+    for op, fmt in operations():
+        provider, kernel = resolve(op, fmt)
+        name = kernel.name
+        if provider is native:  # names of the row in use now, not when first resolved
+            name = describe_kernels(op, native.kernel_names(op, fmt))
+        kernels.append({"op": op, "format": fmt.name, "provider": provider.name,
+                        "kernel": name})
+    return {
+        "version": __version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_features": list(c.cpu_features()) if c else [],
+        "isa": c.isa() if c else None,
+        "isa_forced": os.environ.get("NARROWMM_ISA") or None,
+        "isa_rows": [{"name": n, "supported": s, "missing": list(miss)}
+                     for n, s, miss in (c.isa_rows() if c else [])],
+        "threads": 1,
+        "provider_forced": forced_provider(),
+        "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
+                       "reason": p.unavailable_reason()} for p in providers()],
+        "kernels": kernels,
+    }
+
+
+def show_runtime(as_json: bool = False) -> None:
+    """Print :func:`runtime_info` for people (or as JSON)."""
+    info = runtime_info()
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    print(f"narrowmm {info['version']}  (Python {info['python']}, NumPy {info['numpy']})")
+    print(f"cpu:       {info['cpu']} [{info['machine']}]")
+    print(f"features:  {' '.join(info['cpu_features']) or '-'}")
+    rows = ", ".join(
+        r["name"] + ("" if r["supported"] else f" (missing {' '.join(r['missing'])})")
+        for r in info["isa_rows"]
+    )
+    forced = f"  (forced by NARROWMM_ISA={info['isa_forced']})" if info["isa_forced"] else ""
+    print(f"isa:       {info['isa']}{forced}; rows built: {rows or '-'}")
+    print(f"threads:   {info['threads']}")
+    for p in info["providers"]:
+        state = "available" if p["available"] else f"unavailable: {p['reason']}"
+        print(f"provider:  {p['name']:<9} priority {p['priority']:>3}  {state}")
+    if info["provider_forced"]:
+        print(f"forced:    NARROWMM_PROVIDER={info['provider_forced']}")
+    print("kernels:")
+    for k in info["kernels"]:
+        print(f"  {k['op']:<6} {k['format']:<4} {k['provider']:<9} {k['kernel']}")

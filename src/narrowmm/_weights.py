@@ -1,0 +1,120 @@
+"""Weights: a (k, n) matrix stored in one of the formats, wrapped without copying."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._formats import FORMATS, Format, get_format
+
+_BY_DTYPE_NAME = {name: f for f in FORMATS.values() for name in f.numpy_names}
+
+
+def _as_ndarray(obj: object, what: str) -> np.ndarray:
+    if isinstance(obj, np.ndarray):
+        return obj
+    raise TypeError(f"{what} must be a numpy.ndarray, got {type(obj).__name__}")
+
+
+def check_layout(a: np.ndarray, what: str) -> None:
+    """Raise unless ``a`` is 2-D with contiguous rows and a non-negative row stride."""
+    if a.ndim != 2:
+        raise ValueError(f"{what} must be 2-D (k, n), got shape {a.shape}")
+    if a.shape[1] > 1 and a.strides[1] != a.itemsize:
+        raise ValueError(
+            f"{what} must have contiguous rows (inner stride {a.strides[1]} bytes, "
+            f"item size {a.itemsize}); pass numpy.ascontiguousarray(...)"
+        )
+    if a.shape[0] > 1 and a.strides[0] < 0:
+        raise ValueError(f"{what} has a negative row stride; pass numpy.ascontiguousarray(...)")
+    if not a.dtype.isnative:
+        raise TypeError(f"{what} has non-native byte order {a.dtype.str}; convert it first")
+
+
+class Weights:
+    """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``, ``"bf16"``).
+
+    ``Weights(array)`` wraps without copying: a NumPy float16 array is fp16, an ml_dtypes
+    bfloat16 array is bf16, a float32 array is f32. Raw 16-bit patterns go through
+    :meth:`from_bits`; float32 values to be rounded go through :meth:`encode`.
+
+    The array must be 2-D with contiguous rows; row strides may be larger than a row
+    (a sub-block of a bigger matrix) and the data need not be aligned.
+
+    Attributes:
+        format: the :class:`~narrowmm.Format`.
+        bits: the stored elements as a NumPy array of ``format.storage`` dtype (uint16 bit
+            patterns, or float32 for f32), sharing memory with what was wrapped.
+    """
+
+    __slots__ = ("bits", "format")
+
+    def __init__(self, array: object, format: str | Format | None = None) -> None:
+        a = _as_ndarray(array, "weights")
+        fmt = _BY_DTYPE_NAME.get(a.dtype.name)
+        if fmt is None:
+            if a.dtype.kind in "ui" and a.dtype.itemsize == 2:
+                raise TypeError(
+                    f"weights of dtype {a.dtype} are raw bits: use "
+                    "Weights.from_bits(bits, format) and name the format"
+                )
+            raise TypeError(
+                f"weights of dtype {a.dtype} cannot be wrapped; expected float16, "
+                "ml_dtypes bfloat16 or float32 (use Weights.encode to round float32 values)"
+            )
+        if format is not None and get_format(format) is not fmt:
+            raise ValueError(f"array of dtype {a.dtype} is {fmt.name}, not {get_format(format).name}")
+        check_layout(a, "weights")
+        self.format: Format = fmt
+        self.bits: np.ndarray = a.view(fmt.storage)
+
+    @classmethod
+    def from_bits(cls, bits: object, format: str | Format) -> Weights:
+        """Wrap raw bit patterns: uint16 (or int16) for fp16/bf16, float32 or uint32 for f32."""
+        fmt = get_format(format)
+        a = _as_ndarray(bits, "bits")
+        if fmt.itemsize == 2 and not (a.dtype.kind in "ui" and a.dtype.itemsize == 2):
+            raise TypeError(f"{fmt.name} bits must be uint16 or int16, got {a.dtype}")
+        if fmt.itemsize == 4 and a.dtype not in (np.dtype(np.uint32), np.dtype(np.float32)):
+            raise TypeError(f"f32 bits must be uint32 or float32, got {a.dtype}")
+        check_layout(a, "bits")
+        self = cls.__new__(cls)
+        self.format = fmt
+        self.bits = a.view(fmt.storage)
+        return self
+
+    @classmethod
+    def encode(cls, values: object, format: str | Format) -> Weights:
+        """Round float32 ``values`` (k, n) to ``format`` (nearest even) into new storage."""
+        from ._api import encode
+
+        fmt = get_format(format)
+        a = _as_ndarray(values, "values")
+        if a.ndim != 2:
+            raise ValueError(f"values must be 2-D (k, n), got shape {a.shape}")
+        if fmt.name == "f32":
+            if a.dtype != np.float32:
+                raise TypeError(f"values must be float32, got {a.dtype}")
+            return cls.from_bits(np.array(a, dtype=np.float32, order="C"), fmt)
+        return cls.from_bits(encode(a, fmt), fmt)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(k, n): input features by output features."""
+        return self.bits.shape  # type: ignore[return-value]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored elements."""
+        return self.bits.size * self.format.itemsize
+
+    def decode(self) -> np.ndarray:
+        """The exact float32 values as a new (k, n) array."""
+        from ._api import decode
+
+        if self.format.name == "f32":
+            return np.array(self.bits, dtype=np.float32)
+        return decode(self.bits, self.format)
+
+    def __repr__(self) -> str:
+        k, n = self.shape
+        return f"Weights(k={k}, n={n}, format={self.format.name!r})"

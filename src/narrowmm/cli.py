@@ -1,0 +1,63 @@
+"""The ``narrowmm`` command: ``info``, ``check`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected k,n (two integers), got {text!r}") from None
+    if k <= 0 or n <= 0:
+        raise argparse.ArgumentTypeError(f"k and n must be positive, got {text!r}")
+    return k, n
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,16, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"values must be positive, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="narrowmm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="what narrowmm chose on this machine")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("check", help="self-test: codec sweeps and kernel parity")
+    bench = sub.add_parser("bench", help="time matmuls on Llama shapes against NumPy")
+    bench.add_argument("--quick", action="store_true", help="one shape, short budgets")
+    bench.add_argument("--shape", type=_shape, action="append",
+                       help="k,n instead of the Llama shapes (repeatable)")
+    bench.add_argument("--batch", type=_ints, help="batch sizes m, e.g. 1,16 (default)")
+    bench.add_argument("--format", action="append", choices=["fp16", "bf16", "f32"],
+                       help="weight formats (default fp16 and bf16; repeatable)")
+    bench.add_argument("--json", metavar="PATH", help="write every figure as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "info":
+        from ._runtime import show_runtime
+
+        show_runtime(as_json=args.json)
+        return 0
+    if args.command == "check":
+        from ._check import run_checks
+
+        return 1 if run_checks() else 0
+    from ._bench import main as bench_main
+
+    return bench_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The native provider: the C core through the ``narrowmm._core`` extension."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._formats import Format
+from ._base import Kernel, Provider
+
+try:
+    from .. import _core
+except ImportError as exc:  # the extension was not built or cannot load here
+    _core = None
+    _IMPORT_ERROR: str | None = f"{type(exc).__name__}: {exc}"
+else:
+    _IMPORT_ERROR = None
+
+
+def core():
+    """The loaded ``_core`` module, or None."""
+    return _core
+
+
+def _matmul(fmt: Format):
+    code = fmt.code
+
+    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+        _core.matmul(code, x, bits, out, accumulate)
+
+    return run
+
+
+def _decode(fmt: Format):
+    code = fmt.code
+
+    def run(bits: np.ndarray) -> np.ndarray:
+        out = np.empty(bits.shape, np.float32)
+        _core.decode(code, bits, out)
+        return out
+
+    return run
+
+
+def _encode(fmt: Format):
+    code = fmt.code
+
+    def run(values: np.ndarray) -> np.ndarray:
+        out = np.empty(values.shape, np.uint16)
+        _core.encode(code, values, out)
+        return out
+
+    return run
+
+
+class NativeProvider(Provider):
+    """The C core, priority 100."""
+
+    name = "native"
+    priority = 100
+    _builders = {"matmul": _matmul, "encode": _encode, "decode": _decode}
+
+    def available(self) -> bool:
+        return _core is not None
+
+    def unavailable_reason(self) -> str | None:
+        return _IMPORT_ERROR
+
+    def kernel_names(self, op: str, fmt: Format) -> list[str]:
+        """C names of the kernels that serve ``(op, fmt)`` in the current ISA row."""
+        return list(_core.kernel_names(op, fmt.code)) if _core is not None else []
+
+    def lookup(self, op: str, fmt: Format) -> Kernel | None:
+        names = self.kernel_names(op, fmt)
+        if not names:
+            return None
+        return Kernel(describe_kernels(op, names), self._builders[op](fmt))
+
+
+def describe_kernels(op: str, names: list[str]) -> str:
+    """One string naming the C kernels: for matmul, the m == 1 and the m > 1 paths."""
+    if op == "matmul" and len(names) == 3:
+        return f"{names[0]} (m=1); {names[1]} + {names[2]} (m>1)"
+    return " + ".join(names)

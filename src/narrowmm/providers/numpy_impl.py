@@ -1,0 +1,101 @@
+"""The NumPy provider: vectorised and still bit-exact, for where the extension is missing.
+
+The fused multiply-add ``fma(a, b, c)`` in float32 is built from float64 operations:
+  * ``a * b`` is exact in float64 (24 + 24 significant bits at most);
+  * ``s = c + a*b`` in float64 plus its exact error term (TwoSum, Knuth);
+  * ``s`` is moved to round-to-odd: when the sum was inexact and ``s`` has an even last
+    bit, step it one ulp towards the exact value;
+  * rounding that to float32 is then the correctly rounded result, because float64 keeps
+    at least two more bits than float32 (Boldo & Melquiond, "When double rounding is odd").
+Each step is vectorised over the m x n output for one ``p``, in ascending ``p``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._formats import Format
+from ._base import Kernel, Provider
+
+_QUIET = np.uint32(0x00400000)
+_ABS = np.uint32(0x7FFFFFFF)
+_INF = np.uint32(0x7F800000)
+
+
+def _quiet_nans(words: np.ndarray) -> np.ndarray:
+    nan = (words & _ABS) > _INF
+    words[nan] |= _QUIET
+    return words
+
+
+def decode_fp16(bits: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        words = bits.astype(np.uint16, copy=False).view(np.float16).astype(np.float32)
+    return _quiet_nans(words.view(np.uint32)).view(np.float32)
+
+
+def decode_bf16(bits: np.ndarray) -> np.ndarray:
+    words = bits.astype(np.uint32) << np.uint32(16)
+    return _quiet_nans(words).view(np.float32)
+
+
+def encode_fp16(values: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        out = values.astype(np.float16).view(np.uint16)
+    words = values.view(np.uint32)
+    nan = (words & _ABS) > _INF
+    if nan.any():  # NumPy keeps signalling NaNs signalling; F16C quiets them
+        w = words[nan]
+        out[nan] = ((w >> 16) & 0x8000) | 0x7E00 | ((w >> 13) & 0x3FF)
+    return out
+
+
+def encode_bf16(values: np.ndarray) -> np.ndarray:
+    words = values.view(np.uint32)
+    rounded = (words + np.uint32(0x7FFF) + ((words >> 16) & 1)) >> 16
+    nan = (words & _ABS) > _INF
+    return np.where(nan, (words >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+_DECODE = {"fp16": decode_fp16, "bf16": decode_bf16}
+_ENCODE = {"fp16": encode_fp16, "bf16": encode_bf16}
+
+
+def fma_rows(x64: np.ndarray, w_row: np.ndarray, c64: np.ndarray) -> np.ndarray:
+    """float32 fma(x64[:, None], w_row[None, :], c64) for all pairs, as float64 values."""
+    prod = x64[:, None] * w_row[None, :].astype(np.float64)
+    s = c64 + prod
+    bb = s - c64
+    err = (c64 - (s - bb)) + (prod - bb)
+    fix = (err != 0) & np.isfinite(err) & ((s.view(np.int64) & 1) == 0)
+    if fix.any():
+        s[fix] = np.nextafter(s[fix], np.copysign(np.inf, err[fix]))
+    return s.astype(np.float32).astype(np.float64)
+
+
+def _matmul(fmt: Format):
+    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+        k = x.shape[1]
+        c64 = out.astype(np.float64) if accumulate else np.zeros(out.shape, np.float64)
+        x64 = x.astype(np.float64)
+        with np.errstate(all="ignore"):
+            for p in range(k):
+                row = bits[p] if fmt.name == "f32" else _DECODE[fmt.name](bits[p])
+                c64 = fma_rows(x64[:, p], row, c64)
+            out[...] = c64.astype(np.float32)
+
+    return run
+
+
+class NumpyProvider(Provider):
+    """Vectorised NumPy, priority 50."""
+
+    name = "numpy"
+    priority = 50
+
+    def lookup(self, op: str, fmt: Format) -> Kernel | None:
+        if op == "matmul":
+            return Kernel(f"numpy_matmul_{fmt.name}", _matmul(fmt))
+        table = _ENCODE if op == "encode" else _DECODE if op == "decode" else {}
+        fn = table.get(fmt.name)
+        return Kernel(f"numpy_{op}_{fmt.name}", fn) if fn else None

@@ -1,0 +1,202 @@
+"""The reference provider: pure Python, one element at a time, exact by construction.
+
+It is the tests' oracle, so it shares no code or trick with the fast paths: codecs work on
+integer fields, and every fused multiply-add is done in exact rational arithmetic
+(:class:`fractions.Fraction`) and rounded once. It is slow (microseconds per element) and
+meant for small problems.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from fractions import Fraction
+
+import numpy as np
+
+from .._formats import Format
+from ._base import Kernel, Provider
+
+_INF32 = 0x7F800000
+
+
+def f32_from_bits(u: int) -> float:
+    """The float32 with bit pattern ``u``, as a Python float (exact)."""
+    return struct.unpack("<f", struct.pack("<I", u & 0xFFFFFFFF))[0]
+
+
+def bits_from_f32(x: float) -> int:
+    """Bit pattern of the float32 ``x`` (which must be exactly representable, or NaN)."""
+    if math.isnan(x):
+        return 0x7FC00000 | (0x80000000 if math.copysign(1.0, x) < 0 else 0)
+    if math.isinf(x):
+        return _INF32 | (0x80000000 if x < 0 else 0)
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def round_binary(q: Fraction, mant_bits: int, exp_bits: int) -> int:
+    """Bits (sign excluded) of the non-negative rational ``q`` rounded to nearest even in the
+    binary format with ``mant_bits`` stored mantissa bits and ``exp_bits`` exponent bits,
+    with gradual underflow and overflow to infinity."""
+    if q == 0:
+        return 0
+    bias = (1 << (exp_bits - 1)) - 1
+    emin = 1 - bias
+    e = q.numerator.bit_length() - q.denominator.bit_length()
+    if Fraction(2) ** e > q:
+        e -= 1  # now 2**e <= q < 2**(e+1)
+    e = max(e, emin)
+    n = round(q / Fraction(2) ** (e - mant_bits))  # Fraction rounds half to even
+    if n >= 1 << (mant_bits + 1):  # rounded up into the next binade
+        e += 1
+        n >>= 1
+    if n < 1 << mant_bits:  # subnormal (e == emin)
+        return n
+    if e > bias:
+        return ((1 << exp_bits) - 1) << mant_bits
+    return ((e + bias) << mant_bits) | (n - (1 << mant_bits))
+
+
+# ---- codecs: integer fields in, integer fields out ------------------------------------
+
+def fp16_to_f32_bits(h: int) -> int:
+    sign = (h >> 15) & 1
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0x1F:
+        mag = _INF32 if m == 0 else _INF32 | 0x400000 | (m << 13)  # NaN comes back quiet
+    elif e == 0:
+        if m == 0:
+            mag = 0
+        else:  # m * 2**-24, normalised
+            top = m.bit_length() - 1
+            mag = ((top - 24 + 127) << 23) | ((m << (23 - top)) & 0x7FFFFF)
+    else:
+        mag = ((e - 15 + 127) << 23) | (m << 13)
+    return (sign << 31) | mag
+
+
+def bf16_to_f32_bits(h: int) -> int:
+    u = (h & 0xFFFF) << 16
+    if (u & 0x7FFFFFFF) > _INF32:
+        u |= 0x400000
+    return u
+
+
+def _split(u: int) -> tuple[int, Fraction | None]:
+    """(sign bit, |value| as a Fraction or None for Inf/NaN) of float32 bits."""
+    sign = u >> 31
+    a = u & 0x7FFFFFFF
+    if a >= _INF32:
+        return sign, None
+    return sign, Fraction(f32_from_bits(a))
+
+
+def f32_bits_to_fp16(u: int) -> int:
+    sign, q = _split(u)
+    a = u & 0x7FFFFFFF
+    if q is None:
+        mag = 0x7C00 if a == _INF32 else 0x7C00 | 0x200 | ((a >> 13) & 0x3FF)
+    else:
+        mag = round_binary(q, 10, 5)
+    return (sign << 15) | mag
+
+
+def f32_bits_to_bf16(u: int) -> int:
+    sign, q = _split(u)
+    a = u & 0x7FFFFFFF
+    if q is None:
+        mag = 0x7F80 if a == _INF32 else (a >> 16) | 0x40
+    else:
+        mag = round_binary(q, 7, 8)
+    return (sign << 15) | mag
+
+
+def fma_f32(a: float, b: float, c: float) -> float:
+    """fma(a, b, c) rounded once to float32; a, b, c are float32 values."""
+    if math.isnan(a) or math.isnan(b) or math.isnan(c):
+        return math.nan
+    if math.isinf(a) or math.isinf(b):
+        if a == 0 or b == 0:
+            return math.nan  # Inf * 0
+        prod_inf = math.copysign(math.inf, a) * math.copysign(1.0, b)
+        if math.isinf(c) and c != prod_inf:
+            return math.nan  # Inf - Inf
+        return prod_inf
+    if math.isinf(c):
+        return c
+    prod = Fraction(a) * Fraction(b)
+    total = prod + Fraction(c)
+    if total == 0:
+        if prod == 0 and c == 0:
+            prod_neg = (math.copysign(1.0, a) < 0) != (math.copysign(1.0, b) < 0)
+            both_neg = prod_neg and math.copysign(1.0, c) < 0
+            return -0.0 if both_neg else 0.0
+        return 0.0  # exact cancellation is +0 when rounding to nearest
+    mag = f32_from_bits(round_binary(abs(total), 23, 8))  # may overflow to Inf
+    return -mag if total < 0 else mag
+
+
+# ---- kernels ------------------------------------------------------------------------
+
+_DECODERS = {"fp16": fp16_to_f32_bits, "bf16": bf16_to_f32_bits}
+_ENCODERS = {"fp16": f32_bits_to_fp16, "bf16": f32_bits_to_bf16}
+
+
+def _weight_values(bits: np.ndarray, fmt: Format) -> list[list[float]]:
+    if fmt.name == "f32":
+        return [[float(v) for v in row] for row in bits]
+    dec = _DECODERS[fmt.name]
+    return [[f32_from_bits(dec(int(h))) for h in row] for row in bits]
+
+
+def _matmul(fmt: Format):
+    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+        m, k = x.shape
+        n = bits.shape[1]
+        w = _weight_values(bits, fmt)
+        xs = [[float(v) for v in row] for row in x]
+        result = [[0.0] * n for _ in range(m)]
+        for i in range(m):
+            for j in range(n):
+                c = float(out[i, j]) if accumulate else 0.0
+                for p in range(k):
+                    c = fma_f32(xs[i][p], w[p][j], c)
+                result[i][j] = c
+        for i in range(m):
+            for j in range(n):
+                out[i, j] = np.uint32(bits_from_f32(result[i][j])).view(np.float32)
+
+    return run
+
+
+def _decode(fmt: Format):
+    dec = _DECODERS[fmt.name]
+
+    def run(bits: np.ndarray) -> np.ndarray:
+        words = [dec(int(h)) for h in bits.astype(np.uint16, copy=False)]
+        return np.array(words, dtype=np.uint32).view(np.float32)
+
+    return run
+
+
+def _encode(fmt: Format):
+    enc = _ENCODERS[fmt.name]
+
+    def run(values: np.ndarray) -> np.ndarray:
+        return np.array([enc(int(u)) for u in values.view(np.uint32)], dtype=np.uint16)
+
+    return run
+
+
+class ReferenceProvider(Provider):
+    """Pure Python, priority 0: always available, exact, slow."""
+
+    name = "reference"
+    priority = 0
+    _builders = {"matmul": _matmul, "encode": _encode, "decode": _decode}
+
+    def lookup(self, op: str, fmt: Format) -> Kernel | None:
+        if op != "matmul" and not fmt.has_codec:
+            return None
+        return Kernel(f"reference_{op}_{fmt.name}", self._builders[op](fmt))
