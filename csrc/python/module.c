@@ -66,6 +66,10 @@ static int get_matrix(PyObject *obj, const char *what, int writable, int itemsiz
     }
     m->rows = v->shape[0];
     m->cols = v->shape[1];
+    if (m->rows == 0 || m->cols == 0) { /* nothing is addressed */
+        m->ld = m->cols * itemsize;
+        return 0;
+    }
     if (m->cols > 1 && v->strides[1] != itemsize) {
         PyErr_Format(PyExc_ValueError, "%s must have contiguous rows (inner stride %zd)",
                      what, v->strides[1]);

@@ -16,7 +16,8 @@ from ._api import decode, encode, matmul
 from ._formats import FORMATS, Format, get_format
 from ._runtime import runtime_info, show_runtime
 from ._weights import Weights
-from .providers import FallbackWarning, Provider, providers, use_provider
+from .providers import FallbackWarning, Provider, use_provider
+from .providers import providers as list_providers
 
 try:
     __version__ = _metadata.version("narrowmm")
@@ -33,8 +34,8 @@ __all__ = [
     "decode",
     "encode",
     "get_format",
+    "list_providers",
     "matmul",
-    "providers",
     "runtime_info",
     "show_runtime",
     "use_provider",

@@ -28,6 +28,8 @@ def _check_float32(a: object, what: str) -> np.ndarray:
 def _kernel_friendly(a: np.ndarray) -> bool:
     """Rows contiguous, row stride a non-negative multiple of 4 bytes, float-aligned."""
     rows, cols = a.shape
+    if a.size == 0:
+        return True
     if cols > 1 and a.strides[1] != 4:
         return False
     if rows > 1 and (a.strides[0] < 0 or a.strides[0] % 4):
@@ -46,7 +48,7 @@ def _activations(x: object, k: int) -> tuple[np.ndarray, bool]:
         raise ValueError(f"x has {a2.shape[1]} columns but the weights have k={k} rows "
                          f"(x shape {a.shape})")
     if not _kernel_friendly(a2):
-        a2 = np.ascontiguousarray(a2)  # activations are small next to weights: copy
+        a2 = a2.copy(order="C")  # activations are small next to weights: copy (aligned)
     return a2, vector
 
 

@@ -119,7 +119,7 @@ def format_table(results: list[Result]) -> str:
     lines = [head, "-" * len(head)]
     keys = sorted({(r.shape, r.k, r.n, r.m) for r in results},
                   key=lambda t: (t[1] * t[2], t[1], t[3]))
-    for shape, k, n, m in keys:
+    for shape, _k, _n, m in keys:
         base = next(r for r in results if r.system == "numpy-f32" and (r.shape, r.m) == (shape, m))
         cells = ""
         for f in formats:

@@ -85,7 +85,8 @@ def checks() -> list[tuple[str, Callable[[], str | None]]]:
     for fmt in (f.name for f in FORMATS.values() if f.has_codec):
         items.append((f"decode {fmt}: all 65,536 patterns", lambda f=fmt: _decode_sweep(f)))
         items.append((f"encode {fmt}: edge and random values", lambda f=fmt: _encode_sample(f)))
-        items.append((f"matmul {fmt}: 65,536-pattern sweep, m=1", lambda f=fmt: _kernel_sweep(f, 1)))
+        items.append((f"matmul {fmt}: 65,536-pattern sweep, m=1",
+                      lambda f=fmt: _kernel_sweep(f, 1)))
         items.append((f"matmul {fmt}: 65,536-pattern sweep, m=2 (packed)",
                       lambda f=fmt: _kernel_sweep(f, 2)))
     for fmt in FORMATS:

@@ -19,6 +19,10 @@ def check_layout(a: np.ndarray, what: str) -> None:
     """Raise unless ``a`` is 2-D with contiguous rows and a non-negative row stride."""
     if a.ndim != 2:
         raise ValueError(f"{what} must be 2-D (k, n), got shape {a.shape}")
+    if not a.dtype.isnative:
+        raise TypeError(f"{what} has non-native byte order {a.dtype.str}; convert it first")
+    if a.size == 0:
+        return  # no element is ever addressed
     if a.shape[1] > 1 and a.strides[1] != a.itemsize:
         raise ValueError(
             f"{what} must have contiguous rows (inner stride {a.strides[1]} bytes, "
@@ -26,8 +30,6 @@ def check_layout(a: np.ndarray, what: str) -> None:
         )
     if a.shape[0] > 1 and a.strides[0] < 0:
         raise ValueError(f"{what} has a negative row stride; pass numpy.ascontiguousarray(...)")
-    if not a.dtype.isnative:
-        raise TypeError(f"{what} has non-native byte order {a.dtype.str}; convert it first")
 
 
 class Weights:
@@ -62,7 +64,8 @@ class Weights:
                 "ml_dtypes bfloat16 or float32 (use Weights.encode to round float32 values)"
             )
         if format is not None and get_format(format) is not fmt:
-            raise ValueError(f"array of dtype {a.dtype} is {fmt.name}, not {get_format(format).name}")
+            wanted = get_format(format).name
+            raise ValueError(f"array of dtype {a.dtype} is {fmt.name}, not {wanted}")
         check_layout(a, "weights")
         self.format: Format = fmt
         self.bits: np.ndarray = a.view(fmt.storage)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from .._formats import Format
@@ -57,7 +59,7 @@ class NativeProvider(Provider):
 
     name = "native"
     priority = 100
-    _builders = {"matmul": _matmul, "encode": _encode, "decode": _decode}
+    _builders: ClassVar[dict] = {"matmul": _matmul, "encode": _encode, "decode": _decode}
 
     def available(self) -> bool:
         return _core is not None

@@ -39,22 +39,34 @@ def decode_bf16(bits: np.ndarray) -> np.ndarray:
     return _quiet_nans(words).view(np.float32)
 
 
+def _nan_mask(words: np.ndarray) -> np.ndarray:
+    """True where the float32 bit pattern is a NaN."""
+    return np.greater(words & _ABS, _INF)
+
+
 def encode_fp16(values: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         out = values.astype(np.float16).view(np.uint16)
     words = values.view(np.uint32)
-    nan = (words & _ABS) > _INF
+    nan = _nan_mask(words)
     if nan.any():  # NumPy keeps signalling NaNs signalling; F16C quiets them
-        w = words[nan]
-        out[nan] = ((w >> 16) & 0x8000) | 0x7E00 | ((w >> 13) & 0x3FF)
+        quiet = ((words >> 16) & 0x8000) | 0x7E00 | ((words >> 13) & 0x3FF)
+        np.copyto(out, quiet.astype(np.uint16), where=nan)
     return out
 
 
 def encode_bf16(values: np.ndarray) -> np.ndarray:
     words = values.view(np.uint32)
-    rounded = (words + np.uint32(0x7FFF) + ((words >> 16) & 1)) >> 16
-    nan = (words & _ABS) > _INF
-    return np.where(nan, (words >> 16) | 0x40, rounded).astype(np.uint16)
+    r = words >> 16
+    r &= 1
+    r += 0x7FFF
+    r += words  # wraps only for NaN patterns, which are replaced below
+    r >>= 16
+    out = r.astype(np.uint16)
+    nan = _nan_mask(words)
+    if nan.any():
+        np.copyto(out, ((words >> 16) | 0x40).astype(np.uint16), where=nan)
+    return out
 
 
 _DECODE = {"fp16": decode_fp16, "bf16": decode_bf16}

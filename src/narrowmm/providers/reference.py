@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import struct
 from fractions import Fraction
+from typing import ClassVar
 
 import numpy as np
 
@@ -194,7 +195,7 @@ class ReferenceProvider(Provider):
 
     name = "reference"
     priority = 0
-    _builders = {"matmul": _matmul, "encode": _encode, "decode": _decode}
+    _builders: ClassVar[dict] = {"matmul": _matmul, "encode": _encode, "decode": _decode}
 
     def lookup(self, op: str, fmt: Format) -> Kernel | None:
         if op != "matmul" and not fmt.has_codec:

@@ -1,0 +1,45 @@
+"""Shared helpers for the tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import narrowmm as nm
+from narrowmm.providers.native import core
+
+PROVIDERS = ["native", "numpy", "reference"]
+NARROW = ["fp16", "bf16"]
+ALL_FORMATS = ["f32", "fp16", "bf16"]
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """float32 arrays equal bit for bit; a NaN only has to meet a NaN (the contract leaves
+    NaN payloads of matmul results open)."""
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.dtype == np.float32 and want.dtype == np.float32
+    assert got.shape == want.shape
+    nan_g, nan_w = np.isnan(got), np.isnan(want)
+    np.testing.assert_array_equal(nan_g, nan_w, err_msg="NaN positions differ")
+    g = got.view(np.uint32)[~nan_g]
+    w = want.view(np.uint32)[~nan_w]
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, (
+        f"{bad.size} elements differ; first: got {g[bad[0]]:#010x} want {w[bad[0]]:#010x}"
+    )
+
+
+def random_weights(rng: np.random.Generator, k: int, n: int, fmt: str) -> nm.Weights:
+    return nm.Weights.encode(rng.standard_normal((k, n)).astype(np.float32), fmt)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)
+
+
+@pytest.fixture(autouse=True)
+def _native_loaded() -> None:
+    # The suite tests the native core; a silently missing extension must fail, not skip.
+    assert core() is not None, "narrowmm._core did not load"

@@ -1,0 +1,54 @@
+import json
+import subprocess
+import sys
+
+import narrowmm as nm
+from narrowmm.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "narrowmm.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_info_json_schema():
+    out = run_cli("info", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["version"] == nm.__version__
+    assert info["isa"] in {r["name"] for r in info["isa_rows"] if r["supported"]}
+    assert info["threads"] >= 1
+    pairs = {(k["op"], k["format"]) for k in info["kernels"]}
+    assert ("matmul", "fp16") in pairs and ("decode", "bf16") in pairs
+    for k in info["kernels"]:
+        assert k["provider"] == "native"
+        assert k["kernel"].replace("(m=1)", "").strip()
+
+
+def test_info_text(capsys):
+    assert main(["info"]) == 0
+    text = capsys.readouterr().out
+    assert "isa:" in text and "matmul fp16 native" in " ".join(text.split())
+
+
+def test_check_passes_here():
+    out = run_cli("check")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 failed" in out.stdout and "FAIL" not in out.stdout
+
+
+def test_bench_small_shape_writes_json(tmp_path):
+    path = tmp_path / "bench.json"
+    out = run_cli("bench", "--shape", "64,48", "--batch", "1,3", "--quick", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "64x48" in out.stdout
+    doc = json.loads(path.read_text())
+    systems = {(r["system"], r["format"], r["m"]) for r in doc["results"]}
+    assert {("narrowmm", "fp16", 1), ("narrowmm", "bf16", 3), ("numpy-f32", "f32", 1)} <= systems
+    for r in doc["results"]:
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+
+
+def test_bench_rejects_bad_arguments():
+    out = run_cli("bench", "--shape", "64")
+    assert out.returncode == 2 and "expected k,n" in out.stderr
