@@ -32,26 +32,21 @@ def _matmul(fmt: Format):
     return run
 
 
-def _decode(fmt: Format):
-    code = fmt.code
+def _codec(op: str, out_dtype: type):
+    """Builder of the encode or decode kernel: allocate the result, let C fill it."""
 
-    def run(bits: np.ndarray) -> np.ndarray:
-        out = np.empty(bits.shape, np.float32)
-        _core.decode(code, bits, out)
-        return out
+    def build(fmt: Format):
+        call = getattr(_core, op)
+        code = fmt.code
 
-    return run
+        def run(src: np.ndarray) -> np.ndarray:
+            out = np.empty(src.shape, out_dtype)
+            call(code, src, out)
+            return out
 
+        return run
 
-def _encode(fmt: Format):
-    code = fmt.code
-
-    def run(values: np.ndarray) -> np.ndarray:
-        out = np.empty(values.shape, np.uint16)
-        _core.encode(code, values, out)
-        return out
-
-    return run
+    return build
 
 
 class NativeProvider(Provider):
@@ -59,7 +54,8 @@ class NativeProvider(Provider):
 
     name = "native"
     priority = 100
-    _builders: ClassVar[dict] = {"matmul": _matmul, "encode": _encode, "decode": _decode}
+    _builders: ClassVar[dict] = {"matmul": _matmul, "encode": _codec("encode", np.uint16),
+                                 "decode": _codec("decode", np.float32)}
 
     def available(self) -> bool:
         return _core is not None
