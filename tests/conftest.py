@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import narrowmm as nm
-from narrowmm.providers.native import core
+from narrowmm.providers.native import core, supported_isas, use_isa
 
 PROVIDERS = ["native", "numpy", "reference"]
 NARROW = ["fp16", "bf16"]
@@ -37,6 +37,18 @@ def random_weights(rng: np.random.Generator, k: int, n: int, fmt: str) -> nm.Wei
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+ISAS = supported_isas()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Run the test once on every ISA row this CPU supports."""
+    with use_isa(request.param):
+        nm.providers.clear_cache()
+        yield request.param
+    nm.providers.clear_cache()
 
 
 @pytest.fixture(autouse=True)

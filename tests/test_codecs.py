@@ -5,10 +5,11 @@ from concurrent.futures import ThreadPoolExecutor
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import NARROW, PROVIDERS
+from conftest import ISAS, NARROW, PROVIDERS
 
 import narrowmm as nm
 from narrowmm.providers import numpy_impl
+from narrowmm.providers.native import core
 
 ALL16 = np.arange(65536, dtype=np.uint32).astype(np.uint16)
 
@@ -24,7 +25,7 @@ def encode_with(provider, values, fmt):
 
 
 @pytest.mark.parametrize("fmt", NARROW)
-def test_decode_all_patterns_identical_across_providers(fmt):
+def test_decode_all_patterns_identical_across_providers(fmt, isa):
     ref = decode_with("reference", ALL16, fmt).view(np.uint32)
     for provider in ("native", "numpy"):
         got = decode_with(provider, ALL16, fmt).view(np.uint32)
@@ -33,7 +34,7 @@ def test_decode_all_patterns_identical_across_providers(fmt):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_fp16_decode_contract(provider):
+def test_fp16_decode_contract(provider, isa):
     u = decode_with(provider, ALL16, "fp16").view(np.uint32)
     h = ALL16.astype(np.uint32)
     exp, mant, sign = (h >> 10) & 0x1F, h & 0x3FF, h >> 15
@@ -55,7 +56,7 @@ def test_fp16_decode_contract(provider):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_bf16_decode_contract(provider):
+def test_bf16_decode_contract(provider, isa):
     u = decode_with(provider, ALL16, "bf16").view(np.uint32)
     h = ALL16.astype(np.uint32)
     nan = (h & 0x7FFF) > 0x7F80
@@ -104,7 +105,7 @@ BF16_CASES = [
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("fmt,cases", [("fp16", FP16_CASES), ("bf16", BF16_CASES)])
-def test_encode_known_values(provider, fmt, cases):
+def test_encode_known_values(provider, fmt, cases, isa):
     values = np.array([v for v, _ in cases], np.float32)
     want = np.array([b for _, b in cases], np.uint16)
     got = encode_with(provider, values, fmt)
@@ -113,7 +114,7 @@ def test_encode_known_values(provider, fmt, cases):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_encode_nan_is_quiet_and_keeps_sign_and_top_payload(provider):
+def test_encode_nan_is_quiet_and_keeps_sign_and_top_payload(provider, isa):
     words = np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0x7FA02000, 0xFFFFFFFF, 0x7F802001],
                      np.uint32)
     fp16 = encode_with(provider, words.view(np.float32), "fp16")
@@ -123,7 +124,7 @@ def test_encode_nan_is_quiet_and_keeps_sign_and_top_payload(provider):
 
 
 @pytest.mark.parametrize("fmt", NARROW)
-def test_encode_sample_matches_reference(fmt, rng):
+def test_encode_sample_matches_reference(fmt, rng, isa):
     words = np.concatenate([
         rng.integers(0, 2**32, 30000, dtype=np.uint64).astype(np.uint32),
         np.arange(0x477FE000, 0x47801000, dtype=np.uint32),   # fp16 overflow edge
@@ -140,14 +141,24 @@ def test_encode_sample_matches_reference(fmt, rng):
         assert bad.size == 0, f"{provider}: {bad.size} differ, first {words[bad[0]]:#010x}"
 
 
-def _sweep_chunk(start: int, size: int) -> tuple[int, int, int, int, int]:
+def _native_encode(values: np.ndarray, fmt: str, isa: str) -> np.ndarray:
+    out = np.empty(values.shape, np.uint16)
+    core().encode(nm.get_format(fmt).code, values, out, isa)
+    return out
+
+
+def _sweep_chunk(start: int, size: int) -> tuple[int, ...]:
     words = np.arange(size, dtype=np.uint32) + np.uint32(start)
     values = words.view(np.float32)
     nan = np.isnan(values)
+    want16 = numpy_impl.encode_fp16(values)
+    wantbf = numpy_impl.encode_bf16(values)
+    out = []
+    for isa in ISAS:  # every row's native codec against the NumPy provider
+        out.append(int(np.count_nonzero(_native_encode(values, "fp16", isa) != want16)))
+        out.append(int(np.count_nonzero(_native_encode(values, "bf16", isa) != wantbf)))
     ours16 = nm.encode(values, "fp16")
     oursbf = nm.encode(values, "bf16")
-    out = [int(np.count_nonzero(ours16 != numpy_impl.encode_fp16(values))),
-           int(np.count_nonzero(oursbf != numpy_impl.encode_bf16(values)))]
     # Independent libraries agree with us on every non-NaN input. NumPy's float16 cast is
     # ~50x slower on inputs that underflow to zero (|x| <= 2^-25), so those are checked
     # against their signed zero directly and cast as 0 (same result, fast path).
@@ -164,26 +175,26 @@ def _sweep_chunk(start: int, size: int) -> tuple[int, int, int, int, int]:
 
 @pytest.mark.slow
 def test_encode_all_2_32_patterns_native_vs_numpy_provider():
-    """Every float32 bit pattern, fp16 and bf16: the native codec equals the NumPy provider,
-    and NumPy's float16 / ml_dtypes' bfloat16 on every non-NaN input."""
+    """Every float32 bit pattern, fp16 and bf16: every ISA row's native codec equals the
+    NumPy provider, and NumPy's float16 / ml_dtypes' bfloat16 on every non-NaN input."""
     size = 1 << 24
-    with ThreadPoolExecutor(2) as pool:  # the native codec serves (default dispatch)
-        totals = np.zeros(5, np.int64)
+    with ThreadPoolExecutor(2) as pool:
+        totals = np.zeros(2 * len(ISAS) + 3, np.int64)
         for counts in pool.map(lambda c: _sweep_chunk(c * size, size), range(256)):
             totals += counts
-    assert totals.tolist() == [0] * 5, (
-        "mismatches: native vs numpy provider fp16, bf16; vs NumPy float16, ml_dtypes "
-        "bfloat16; tiny inputs vs signed zero")
+    labels = [f"{isa} {fmt} vs numpy provider" for isa in ISAS for fmt in NARROW] + [
+        "fp16 vs NumPy float16", "bf16 vs ml_dtypes bfloat16", "tiny inputs vs signed zero"]
+    assert dict(zip(labels, totals.tolist(), strict=True)) == dict.fromkeys(labels, 0)
 
 
-def test_encode_decode_round_trip_every_finite_pattern():
+def test_encode_decode_round_trip_every_finite_pattern(isa):
     for fmt in NARROW:
         values = nm.decode(ALL16, fmt)
         not_nan = ~np.isnan(values)
         np.testing.assert_array_equal(nm.encode(values[not_nan], fmt), ALL16[not_nan])
 
 
-def test_codecs_keep_shape_and_accept_views():
+def test_codecs_keep_shape_and_accept_views(isa):
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)[:, ::2]
     bits = nm.encode(x, "bf16")
     assert bits.shape == x.shape and bits.dtype == np.uint16

@@ -6,6 +6,9 @@ from conftest import ALL_FORMATS, NARROW, PROVIDERS, assert_same_bits, random_we
 
 import narrowmm as nm
 
+# every test here runs on every ISA row the CPU supports
+pytestmark = pytest.mark.usefixtures("isa")
+
 ALL16 = np.arange(65536, dtype=np.uint32).astype(np.uint16)
 
 

@@ -44,7 +44,7 @@ typedef void (*nm_encode_fn)(const float *src, uint16_t *dst, int64_t n);
 typedef struct nm_kernel_row {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
-    int64_t kc, nc;       /* cache blocking the frame uses with this row's kernels */
+    int64_t kc, nc;       /* k block and column block the frame uses with this row */
     nm_gemv_fn gemv[NM_FMT_COUNT];
     const char *gemv_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_FMT_COUNT];
@@ -61,5 +61,8 @@ typedef struct nm_kernel_row {
 /* Each ISA folder provides one function filling a row; a SIMD row starts as a copy of the
  * scalar row and overrides the slots it implements, so no slot is ever empty. */
 void nm_fill_row_scalar(nm_kernel_row *row);
+#if defined(NM_HAVE_AVX2)
+void nm_fill_row_avx2(nm_kernel_row *row);
+#endif
 
 #endif

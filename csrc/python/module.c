@@ -11,6 +11,17 @@
 #include <string.h>
 
 #include "../include/narrowmm.h"
+#include "../frame/threads.h"
+
+/* Plain C symbols for threadpoolctl's controller (narrowmm/_threads.py), which finds this
+ * library among the loaded ones and calls these through ctypes. */
+#if defined(_WIN32)
+#define NM_EXPORT __declspec(dllexport)
+#else
+#define NM_EXPORT __attribute__((visibility("default")))
+#endif
+NM_EXPORT int narrowmm_get_num_threads(void) { return nm_get_num_threads(); }
+NM_EXPORT void narrowmm_set_num_threads(int n) { nm_set_num_threads(n); }
 
 static nm_kernel_row rows[16];
 static int row_supported[16];
@@ -181,11 +192,23 @@ static int get_vector(PyObject *obj, const char *what, int writable, Py_buffer *
     return 0;
 }
 
+static int find_row(const char *name);
+
 static PyObject *codec_call(PyObject *args, int encode) {
     int fmt;
     PyObject *so, *dobj;
-    if (!PyArg_ParseTuple(args, "iOO", &fmt, &so, &dobj)) return NULL;
+    const char *isa = NULL;
+    if (!PyArg_ParseTuple(args, "iOO|z", &fmt, &so, &dobj, &isa)) return NULL;
     if (parse_format(fmt) < 0) return NULL;
+    const nm_kernel_row *row = current_row;
+    if (isa) { /* a named row's codec, for tests that compare rows */
+        int i = find_row(isa);
+        if (i < 0 || !row_supported[i]) {
+            PyErr_Format(PyExc_ValueError, "ISA row '%s' is not available here", isa);
+            return NULL;
+        }
+        row = &rows[i];
+    }
     if (nm_format_table[fmt].itemsize != 2) {
         PyErr_Format(PyExc_ValueError, "format '%s' has no codec", nm_format_table[fmt].name);
         return NULL;
@@ -204,7 +227,6 @@ static PyObject *codec_call(PyObject *args, int encode) {
         PyErr_SetString(PyExc_ValueError, "codec buffers must be aligned to their item size");
     } else {
         const int64_t n = s.len / in_size;
-        const nm_kernel_row *row = current_row;
         Py_BEGIN_ALLOW_THREADS
         if (encode)
             row->encode[fmt]((const float *)s.buf, (uint16_t *)d.buf, n);
@@ -339,6 +361,25 @@ static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
     return NULL;
 }
 
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > NM_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "thread count must be in [1, %d], got %ld",
+                     NM_MAX_THREADS, n);
+        return NULL;
+    }
+    nm_set_num_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(nm_get_num_threads());
+}
+
 static PyObject *py_formats(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -359,14 +400,16 @@ static PyObject *py_formats(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS,
      "matmul(fmt, x, weights, out, accumulate): out (+)= x @ decode(weights)."},
-    {"encode", py_encode, METH_VARARGS, "encode(fmt, float32 src, uint16 dst)."},
-    {"decode", py_decode, METH_VARARGS, "decode(fmt, uint16 src, float32 dst)."},
+    {"encode", py_encode, METH_VARARGS, "encode(fmt, float32 src, uint16 dst[, isa])."},
+    {"decode", py_decode, METH_VARARGS, "decode(fmt, uint16 src, float32 dst[, isa])."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "Usable CPU features."},
     {"isa", py_isa, METH_NOARGS, "Name of the ISA row in use."},
     {"isa_rows", py_isa_rows, METH_NOARGS, "Compiled rows: (name, supported, missing)."},
     {"set_isa", py_set_isa, METH_O, "Switch the ISA row (tests and benchmarks)."},
     {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},
     {"formats", py_formats, METH_NOARGS, "The C format table: (code, name, itemsize)."},
+    {"set_num_threads", py_set_num_threads, METH_O, "Threads a call may use."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, "Threads a call may use."},
     {NULL, NULL, 0, NULL},
 };
 

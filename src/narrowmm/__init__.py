@@ -15,6 +15,8 @@ from importlib import metadata as _metadata
 from ._api import decode, encode, matmul
 from ._formats import FORMATS, Format, get_format
 from ._runtime import runtime_info, show_runtime
+from ._threads import get_num_threads, set_num_threads
+from ._threads import init as _init_threads
 from ._weights import Weights
 from .providers import FallbackWarning, Provider, use_provider
 from .providers import providers as list_providers
@@ -23,6 +25,8 @@ try:
     __version__ = _metadata.version("narrowmm")
 except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
+
+_init_threads()
 
 __all__ = [
     "FORMATS",
@@ -34,9 +38,11 @@ __all__ = [
     "decode",
     "encode",
     "get_format",
+    "get_num_threads",
     "list_providers",
     "matmul",
     "runtime_info",
+    "set_num_threads",
     "show_runtime",
     "use_provider",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._formats import operations
+from ._threads import get_num_threads
 from .providers import forced_provider, get_provider, providers, resolve
 from .providers.native import core, describe_kernels
 
@@ -51,7 +52,7 @@ def runtime_info() -> dict[str, Any]:
         "isa_forced": os.environ.get("NARROWMM_ISA") or None,
         "isa_rows": [{"name": n, "supported": s, "missing": list(miss)}
                      for n, s, miss in (c.isa_rows() if c else [])],
-        "threads": 1,
+        "threads": get_num_threads(),
         "provider_forced": forced_provider(),
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
                        "reason": p.unavailable_reason()} for p in providers()],

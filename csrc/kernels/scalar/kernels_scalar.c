@@ -95,7 +95,7 @@ void nm_fill_row_scalar(nm_kernel_row *row) {
     row->mr = 4;
     row->nr = SCALAR_NR;
     row->kc = 256;
-    row->nc = 512;
+    row->nc = 256;
     SET(gemv, NM_FMT_F32, gemv_f32_scalar);
     SET(gemv, NM_FMT_FP16, gemv_fp16_scalar);
     SET(gemv, NM_FMT_BF16, gemv_bf16_scalar);

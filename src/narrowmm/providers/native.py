@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
@@ -72,6 +74,25 @@ class NativeProvider(Provider):
         if not names:
             return None
         return Kernel(describe_kernels(op, names), self._builders[op](fmt))
+
+
+def supported_isas() -> list[str]:
+    """Names of the ISA rows this build has and this CPU can run, best first."""
+    return [name for name, ok, _ in _core.isa_rows() if ok] if _core is not None else []
+
+
+@contextlib.contextmanager
+def use_isa(name: str) -> Iterator[None]:
+    """Run the native core on ISA row ``name`` inside the block (process-wide: a test and
+    benchmark hook, not for use while other threads compute)."""
+    if _core is None:
+        raise RuntimeError(f"the native core is unavailable: {_IMPORT_ERROR}")
+    previous = _core.isa()
+    _core.set_isa(name)
+    try:
+        yield
+    finally:
+        _core.set_isa(previous)
 
 
 def describe_kernels(op: str, names: list[str]) -> str:

@@ -1,0 +1,121 @@
+/* narrowmm: a small persistent pool. Workers are started lazily, on the first call that
+ * wants them, and sleep on a condition variable between jobs. After fork() the child starts
+ * with no workers and a fresh pool (pthread_atfork), so it can compute too. */
+#include "threads.h"
+
+#include <stdatomic.h>
+
+#if defined(_WIN32)
+/* No pthreads on MSVC builds: every part runs on the caller. Unverified here. */
+static atomic_int num_threads = 1;
+void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
+    for (int i = 0; i < parts; ++i) fn(ctx, i, parts);
+}
+void nm_set_num_threads(int n) { (void)n; }
+int nm_get_num_threads(void) { return atomic_load(&num_threads); }
+#else
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct pool_state {
+    pthread_mutex_t lock;    /* guards everything below */
+    pthread_cond_t wake;     /* a new job was posted */
+    pthread_cond_t done;     /* the last part of a job finished */
+    pthread_mutex_t submit;  /* one job at a time */
+    int workers;             /* worker threads started */
+    unsigned long generation;
+    nm_task_fn fn;
+    void *ctx;
+    int parts, next, remaining;
+} pool_state;
+
+static pool_state pool = {
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0,
+};
+static atomic_int num_threads = 1;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* Take parts of the current job until none is left. Called with the lock held. */
+static void work_on_job(void) {
+    while (pool.next < pool.parts) {
+        const int part = pool.next++;
+        const nm_task_fn fn = pool.fn;
+        void *const ctx = pool.ctx;
+        const int parts = pool.parts;
+        pthread_mutex_unlock(&pool.lock);
+        fn(ctx, part, parts);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.remaining == 0) pthread_cond_broadcast(&pool.done);
+    }
+}
+
+static void *worker_main(void *arg) {
+    /* the generation before the job this worker was started for, so it joins that job */
+    unsigned long seen = (unsigned long)(uintptr_t)arg;
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+        seen = pool.generation;
+        work_on_job();
+    }
+    return NULL; /* not reached: workers live as long as the process */
+}
+
+static void reset_in_child(void) {
+    /* The parent's workers do not exist here; locks may have been held by them. */
+    pool_state fresh = {
+        PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+        PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0,
+    };
+    memcpy(&pool, &fresh, sizeof pool);
+}
+
+static void install_atfork(void) { pthread_atfork(NULL, NULL, reset_in_child); }
+
+/* Start workers until `want` exist (or thread creation fails). Lock held. */
+static void ensure_workers(int want) {
+    while (pool.workers < want) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&t, &attr, worker_main, (void *)(uintptr_t)pool.generation);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break; /* fewer helpers; the caller still finishes every part */
+        ++pool.workers;
+    }
+}
+
+void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
+    if (parts <= 1 || pthread_mutex_trylock(&pool.submit) != 0) {
+        for (int i = 0; i < parts; ++i) fn(ctx, i, parts);
+        return;
+    }
+    pthread_once(&atfork_once, install_atfork);
+    pthread_mutex_lock(&pool.lock);
+    ensure_workers(parts - 1);
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.parts = parts;
+    pool.next = 0;
+    pool.remaining = parts;
+    ++pool.generation;
+    pthread_cond_broadcast(&pool.wake);
+    work_on_job();
+    while (pool.remaining > 0) pthread_cond_wait(&pool.done, &pool.lock);
+    pool.fn = NULL;
+    pool.ctx = NULL;
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&pool.submit);
+}
+
+void nm_set_num_threads(int n) {
+    if (n < 1) n = 1;
+    if (n > NM_MAX_THREADS) n = NM_MAX_THREADS;
+    atomic_store(&num_threads, n);
+}
+
+int nm_get_num_threads(void) { return atomic_load(&num_threads); }
+#endif

@@ -1,0 +1,19 @@
+/* narrowmm: the persistent thread pool the frame splits work with. */
+#ifndef NM_THREADS_H
+#define NM_THREADS_H
+
+/* A task is called once for each part in [0, parts); parts run concurrently. */
+typedef void (*nm_task_fn)(void *ctx, int part, int parts);
+
+/* Run fn over `parts` parts on the pool and the calling thread; returns when all are done.
+ * A second caller that finds the pool busy runs its parts itself, one after another (the
+ * results do not depend on where a part runs). */
+void nm_parallel_run(nm_task_fn fn, void *ctx, int parts);
+
+/* Threads a call may use (the caller included); clamped to [1, NM_MAX_THREADS]. */
+void nm_set_num_threads(int n);
+int nm_get_num_threads(void);
+
+#define NM_MAX_THREADS 256
+
+#endif

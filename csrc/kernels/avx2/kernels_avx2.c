@@ -1,0 +1,261 @@
+/* narrowmm: the avx2 row (AVX2 + FMA + F16C). Compiled with exactly those flags; chosen at
+ * run time only on CPUs that have them (dispatch/isa_table.c).
+ *
+ * Same contract as the scalar row: one fma per p, p ascending, per C element. Vector lanes
+ * are distinct output columns, never partial sums of one element, so no bit changes. Tails
+ * use fmaf, which this file's flags turn into the scalar vfmadd instruction. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "../../codecs/codec_scalar.h"
+#include "../nm_kernels.h"
+
+#define MR 6
+#define NR 16
+
+/* ---- loading 8 weights as float32 (B may sit at any byte address) ------------------- */
+
+static inline __m256 load8_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
+
+static inline __m256 load8_fp16(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); /* exact */
+}
+
+static inline __m256 load8_bf16(const uint8_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
+}
+
+static inline float load1_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+static inline float load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(load_u16(p)); }
+static inline float load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(load_u16(p)); }
+
+/* ---- m == 1: stream B four rows at a time --------------------------------------------
+ * Each pass over a column block applies rows p..p+3 in order to C held in registers, so C
+ * is loaded and stored once per four rows while B is read exactly once, sequentially. */
+
+#define NM_DEFINE_GEMV(NAME, ITEM, LOAD8, LOAD1)                                             \
+    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
+                     float *c) {                                                             \
+        int64_t p = 0;                                                                       \
+        for (; p + 4 <= k; p += 4) {                                                         \
+            const __m256 a0 = _mm256_set1_ps(a[p]), a1 = _mm256_set1_ps(a[p + 1]);           \
+            const __m256 a2 = _mm256_set1_ps(a[p + 2]), a3 = _mm256_set1_ps(a[p + 3]);       \
+            const uint8_t *b0 = b + p * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb; \
+            int64_t j = 0;                                                                   \
+            for (; j + 32 <= n; j += 32) {                                                   \
+                __m256 c0 = _mm256_loadu_ps(c + j), c1 = _mm256_loadu_ps(c + j + 8);         \
+                __m256 c2 = _mm256_loadu_ps(c + j + 16), c3 = _mm256_loadu_ps(c + j + 24);   \
+                const int64_t o = (ITEM) * j;                                                \
+                c0 = _mm256_fmadd_ps(a0, LOAD8(b0 + o), c0);                                 \
+                c1 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 8 * (ITEM)), c1);                    \
+                c2 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 16 * (ITEM)), c2);                   \
+                c3 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 24 * (ITEM)), c3);                   \
+                c0 = _mm256_fmadd_ps(a1, LOAD8(b1 + o), c0);                                 \
+                c1 = _mm256_fmadd_ps(a1, LOAD8(b1 + o + 8 * (ITEM)), c1);                    \
+                c2 = _mm256_fmadd_ps(a1, LOAD8(b1 + o + 16 * (ITEM)), c2);                   \
+                c3 = _mm256_fmadd_ps(a1, LOAD8(b1 + o + 24 * (ITEM)), c3);                   \
+                c0 = _mm256_fmadd_ps(a2, LOAD8(b2 + o), c0);                                 \
+                c1 = _mm256_fmadd_ps(a2, LOAD8(b2 + o + 8 * (ITEM)), c1);                    \
+                c2 = _mm256_fmadd_ps(a2, LOAD8(b2 + o + 16 * (ITEM)), c2);                   \
+                c3 = _mm256_fmadd_ps(a2, LOAD8(b2 + o + 24 * (ITEM)), c3);                   \
+                c0 = _mm256_fmadd_ps(a3, LOAD8(b3 + o), c0);                                 \
+                c1 = _mm256_fmadd_ps(a3, LOAD8(b3 + o + 8 * (ITEM)), c1);                    \
+                c2 = _mm256_fmadd_ps(a3, LOAD8(b3 + o + 16 * (ITEM)), c2);                   \
+                c3 = _mm256_fmadd_ps(a3, LOAD8(b3 + o + 24 * (ITEM)), c3);                   \
+                _mm256_storeu_ps(c + j, c0);                                                 \
+                _mm256_storeu_ps(c + j + 8, c1);                                             \
+                _mm256_storeu_ps(c + j + 16, c2);                                            \
+                _mm256_storeu_ps(c + j + 24, c3);                                            \
+            }                                                                                \
+            for (; j + 8 <= n; j += 8) {                                                     \
+                const int64_t o = (ITEM) * j;                                                \
+                __m256 c0 = _mm256_loadu_ps(c + j);                                          \
+                c0 = _mm256_fmadd_ps(a0, LOAD8(b0 + o), c0);                                 \
+                c0 = _mm256_fmadd_ps(a1, LOAD8(b1 + o), c0);                                 \
+                c0 = _mm256_fmadd_ps(a2, LOAD8(b2 + o), c0);                                 \
+                c0 = _mm256_fmadd_ps(a3, LOAD8(b3 + o), c0);                                 \
+                _mm256_storeu_ps(c + j, c0);                                                 \
+            }                                                                                \
+            for (; j < n; ++j) {                                                             \
+                const int64_t o = (ITEM) * j;                                                \
+                float cj = c[j];                                                             \
+                cj = fmaf(a[p], LOAD1(b0 + o), cj);                                          \
+                cj = fmaf(a[p + 1], LOAD1(b1 + o), cj);                                      \
+                cj = fmaf(a[p + 2], LOAD1(b2 + o), cj);                                      \
+                cj = fmaf(a[p + 3], LOAD1(b3 + o), cj);                                      \
+                c[j] = cj;                                                                   \
+            }                                                                                \
+        }                                                                                    \
+        for (; p < k; ++p) {                                                                 \
+            const __m256 a0 = _mm256_set1_ps(a[p]);                                          \
+            const uint8_t *b0 = b + p * ldb;                                                 \
+            int64_t j = 0;                                                                   \
+            for (; j + 8 <= n; j += 8)                                                       \
+                _mm256_storeu_ps(c + j, _mm256_fmadd_ps(a0, LOAD8(b0 + (ITEM) * j),          \
+                                                        _mm256_loadu_ps(c + j)));            \
+            for (; j < n; ++j) c[j] = fmaf(a[p], LOAD1(b0 + (ITEM) * j), c[j]);              \
+        }                                                                                    \
+    }
+
+NM_DEFINE_GEMV(gemv_f32_avx2, 4, load8_f32, load1_f32)
+NM_DEFINE_GEMV(gemv_fp16_avx2, 2, load8_fp16, load1_fp16)
+NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, load1_bf16)
+
+/* ---- packing: decode once into 16-wide float32 slivers ------------------------------ */
+
+/* Rows outer, slivers inner: each row of the block is read as one contiguous run. */
+#define NM_DEFINE_PACK(NAME, ITEM, LOAD8, LOAD1)                                             \
+    static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
+                     float *dst) {                                                           \
+        const int64_t full = nr == NR ? nc / NR * NR : 0; /* columns in whole slivers */    \
+        for (int64_t p = 0; p < kc; ++p) {                                                   \
+            const uint8_t *src = b + p * ldb;                                                \
+            int64_t j0 = 0;                                                                  \
+            for (; j0 < full; j0 += NR) {                                                    \
+                float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \
+                _mm256_store_ps(out, LOAD8(src + (ITEM) * j0));                              \
+                _mm256_store_ps(out + 8, LOAD8(src + (ITEM) * (j0 + 8)));                    \
+            }                                                                                \
+            for (; j0 < nc; j0 += nr) {                                                      \
+                const int64_t w = nc - j0 < nr ? nc - j0 : nr;                               \
+                float *out = dst + (j0 / nr) * kc * nr + p * nr;                             \
+                for (int64_t j = 0; j < w; ++j) out[j] = LOAD1(src + (ITEM) * (j0 + j));     \
+                for (int64_t j = w; j < nr; ++j) out[j] = 0.0f;                              \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+NM_DEFINE_PACK(pack_f32_avx2, 4, load8_f32, load1_f32)
+NM_DEFINE_PACK(pack_fp16_avx2, 2, load8_fp16, load1_fp16)
+NM_DEFINE_PACK(pack_bf16_avx2, 2, load8_bf16, load1_bf16)
+
+/* ---- the 6 x 16 microkernel: 12 accumulators, 2 B vectors, 1 broadcast ---------------
+ * Named registers rather than an array: compilers keep these in ymm registers, where an
+ * array of __m256 gets spilled to the stack on every step. */
+
+static void tile_6x16(int64_t kc, const float *a0, const float *a1, const float *a2,
+                      const float *a3, const float *a4, const float *a5, const float *bp,
+                      float *c, int64_t ldc) {
+    __m256 c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
+    __m256 c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
+    __m256 c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+    __m256 c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+    __m256 c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+    __m256 c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+    for (int64_t p = 0; p < kc; ++p) {
+        const __m256 b0 = _mm256_load_ps(bp + p * NR), b1 = _mm256_load_ps(bp + p * NR + 8);
+        __m256 ai = _mm256_broadcast_ss(a0 + p);
+        c00 = _mm256_fmadd_ps(ai, b0, c00);
+        c01 = _mm256_fmadd_ps(ai, b1, c01);
+        ai = _mm256_broadcast_ss(a1 + p);
+        c10 = _mm256_fmadd_ps(ai, b0, c10);
+        c11 = _mm256_fmadd_ps(ai, b1, c11);
+        ai = _mm256_broadcast_ss(a2 + p);
+        c20 = _mm256_fmadd_ps(ai, b0, c20);
+        c21 = _mm256_fmadd_ps(ai, b1, c21);
+        ai = _mm256_broadcast_ss(a3 + p);
+        c30 = _mm256_fmadd_ps(ai, b0, c30);
+        c31 = _mm256_fmadd_ps(ai, b1, c31);
+        ai = _mm256_broadcast_ss(a4 + p);
+        c40 = _mm256_fmadd_ps(ai, b0, c40);
+        c41 = _mm256_fmadd_ps(ai, b1, c41);
+        ai = _mm256_broadcast_ss(a5 + p);
+        c50 = _mm256_fmadd_ps(ai, b0, c50);
+        c51 = _mm256_fmadd_ps(ai, b1, c51);
+    }
+    _mm256_storeu_ps(c, c00);
+    _mm256_storeu_ps(c + 8, c01);
+    _mm256_storeu_ps(c + ldc, c10);
+    _mm256_storeu_ps(c + ldc + 8, c11);
+    _mm256_storeu_ps(c + 2 * ldc, c20);
+    _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(c + 3 * ldc, c30);
+    _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(c + 4 * ldc, c40);
+    _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(c + 5 * ldc, c50);
+    _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+
+static void ukernel_6x16_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a, int64_t lda,
+                              const float *bp, float *c, int64_t ldc) {
+    if (mr == MR && nr == NR) {
+        tile_6x16(kc, a, a + lda, a + 2 * lda, a + 3 * lda, a + 4 * lda, a + 5 * lda, bp, c,
+                  ldc);
+        return;
+    }
+    /* An edge tile runs on a full-size scratch copy, so only mr x nr of C is touched; rows
+     * past mr re-read A's last row (valid memory) and their results are thrown away. */
+    _Alignas(32) float tmp[MR * NR];
+    const float *ar[MR];
+    for (int64_t i = 0; i < MR; ++i) {
+        ar[i] = a + (i < mr ? i : mr - 1) * lda;
+        if (i < mr) memcpy(tmp + i * NR, c + i * ldc, (size_t)nr * sizeof(float));
+    }
+    tile_6x16(kc, ar[0], ar[1], ar[2], ar[3], ar[4], ar[5], bp, tmp, NR);
+    for (int64_t i = 0; i < mr; ++i) memcpy(c + i * ldc, tmp + i * NR, (size_t)nr * sizeof(float));
+}
+
+/* ---- codecs ------------------------------------------------------------------------- */
+
+static void decode_fp16_avx2(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_fp16((const uint8_t *)(src + i)));
+    for (; i < n; ++i) dst[i] = nm_fp16_to_f32(src[i]);
+}
+
+static void encode_fp16_avx2(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(dst + i), h);
+    }
+    for (; i < n; ++i) dst[i] = nm_f32_to_fp16(src[i]);
+}
+
+/* bf16 has no conversion instruction in AVX2; the branch-free scalar codec, compiled with
+ * this row's flags, is vectorised by the compiler. */
+static void decode_bf16_avx2(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_bf16_to_f32(src[i]);
+}
+
+static void encode_bf16_avx2(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
+}
+
+#define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
+
+void nm_fill_row_avx2(nm_kernel_row *row) {
+    nm_fill_row_scalar(row); /* every slot starts full of portable C */
+    row->isa = "avx2";
+    row->mr = MR;
+    row->nr = NR;
+    row->kc = 128;
+    row->nc = 512;
+    SET(gemv, NM_FMT_F32, gemv_f32_avx2);
+    SET(gemv, NM_FMT_FP16, gemv_fp16_avx2);
+    SET(gemv, NM_FMT_BF16, gemv_bf16_avx2);
+    SET(pack, NM_FMT_F32, pack_f32_avx2);
+    SET(pack, NM_FMT_FP16, pack_fp16_avx2);
+    SET(pack, NM_FMT_BF16, pack_bf16_avx2);
+    row->ukernel = ukernel_6x16_avx2;
+    row->ukernel_name = "ukernel_6x16_avx2";
+    SET(decode, NM_FMT_FP16, decode_fp16_avx2);
+    SET(decode, NM_FMT_BF16, decode_bf16_avx2);
+    SET(encode, NM_FMT_FP16, encode_fp16_avx2);
+    SET(encode, NM_FMT_BF16, encode_bf16_avx2);
+}

@@ -1,0 +1,158 @@
+"""Threads and ISA rows never change a bit; the pool is safe under concurrency and fork."""
+
+import multiprocessing
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from conftest import ISAS, assert_same_bits
+
+import narrowmm as nm
+from narrowmm.providers.native import use_isa
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    before = nm.get_num_threads()
+    yield
+    nm.set_num_threads(before)
+
+
+def _case(rng, m, k, n, fmt):
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = nm.Weights.encode(rng.standard_normal((k, n)).astype(np.float32), fmt)
+    return x, w
+
+
+def _scalar_single_thread(x, w):
+    nm.set_num_threads(1)
+    with use_isa("scalar"):
+        return nm.matmul(x, w)
+
+
+# m around the microkernels' MR (4, 6) and beyond; n around vector widths (8, 16, 32) and
+# column blocks / thread grains (64, 128); k across the KC = 256 block edge. Sizes large
+# enough (m*n*k >= 2^18) run split across threads.
+SHAPES = ([(m, 300, 200) for m in (*range(1, 18), 31, 64, 100)]
+          + [(5, 64, n) for n in (*range(1, 71), 127, 128, 129, 255, 257, 1100)]
+          + [(m, k, 1100) for m in (1, 2, 7) for k in (0, 1, 2, 3, 17, 256, 1000)])
+
+
+@pytest.mark.parametrize("fmt", ["f32", "fp16", "bf16"])
+def test_every_row_and_thread_count_gives_the_scalar_bits(fmt):
+    rng = np.random.default_rng(5)
+    cases = [_case(rng, m, k, n, fmt) for m, k, n in SHAPES]
+    want = [_scalar_single_thread(x, w) for x, w in cases]
+    for isa in ISAS:
+        with use_isa(isa):
+            for threads in (1, 2, 3, 4, 7):
+                nm.set_num_threads(threads)
+                for (x, w), expected in zip(cases, want, strict=True):
+                    got = nm.matmul(x, w)
+                    assert_same_bits(got, expected)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_strided_sub_blocks_across_threads(isa):
+    rng = np.random.default_rng(8)
+    parent_w = nm.encode(rng.standard_normal((700, 1300)).astype(np.float32), "fp16")
+    w = nm.Weights.from_bits(parent_w[3:603, 5:1205], "fp16")    # (600, 1200) sub-block
+    x = rng.standard_normal((9, 650)).astype(np.float32)[:, 7:607]  # row stride 650
+    out = np.zeros((12, 1250), np.float32)[2:11, 10:1210]
+    want = _scalar_single_thread(np.ascontiguousarray(x), nm.Weights.from_bits(
+        np.ascontiguousarray(parent_w[3:603, 5:1205]), "fp16"))
+    with use_isa(isa):
+        nm.set_num_threads(3)
+        nm.matmul(x, w, out=out)
+    assert_same_bits(out, want)
+
+
+def test_many_python_threads_at_once():
+    rng = np.random.default_rng(9)
+    cases = [_case(rng, m, 512, 700, "bf16") for m in (1, 3, 16, 1, 8, 2, 33, 1)]
+    want = [nm.matmul(x, w) for x, w in cases]
+    nm.set_num_threads(2)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(5):
+                x, w = cases[i]
+                assert_same_bits(nm.matmul(x, w), want[i])
+        except BaseException as exc:  # reported to the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    # change the pool size while others compute: results must not change
+    for n in (1, 3, 2, 4, 2):
+        nm.set_num_threads(n)
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a matmul deadlocked"
+    assert not errors, errors[0]
+
+
+def _child_matmul(queue) -> None:
+    rng = np.random.default_rng(4)
+    x, w = _case(rng, 16, 400, 900, "fp16")
+    queue.put(nm.matmul(x, w).tobytes())
+
+
+def test_forked_child_computes_correctly():
+    nm.set_num_threads(2)
+    rng = np.random.default_rng(4)
+    x, w = _case(rng, 16, 400, 900, "fp16")
+    want = nm.matmul(x, w)  # the pool's workers exist in the parent now
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_matmul, args=(queue,))
+    child.start()
+    got = np.frombuffer(queue.get(timeout=120), np.float32).reshape(want.shape)
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    assert_same_bits(got, want)
+
+
+def test_set_and_get_num_threads():
+    nm.set_num_threads(3)
+    assert nm.get_num_threads() == 3
+    with pytest.raises(ValueError, match="between 1 and 256, got 0"):
+        nm.set_num_threads(0)
+    with pytest.raises(TypeError, match="must be an int, got float"):
+        nm.set_num_threads(2.0)
+    assert nm.get_num_threads() == 3
+
+
+def test_threadpoolctl_limits_narrowmm():
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    nm.set_num_threads(2)
+    assert any(d["internal_api"] == "narrowmm" for d in threadpool_info())
+    with threadpool_limits(1):
+        assert nm.get_num_threads() == 1
+    assert nm.get_num_threads() == 2
+    with threadpool_limits(1, user_api="narrowmm"):
+        assert nm.get_num_threads() == 1
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PATH": "", **env}, timeout=120)
+
+
+def test_env_var_sets_the_default():
+    out = _run("import narrowmm as nm; print(nm.get_num_threads())", NARROWMM_NUM_THREADS="3")
+    assert out.stdout.strip() == "3", out.stderr
+    out = _run("import narrowmm", NARROWMM_NUM_THREADS="lots")
+    assert out.returncode != 0 and "NARROWMM_NUM_THREADS must be a positive integer" in out.stderr
+
+
+def test_default_is_the_cpus_we_may_use():
+    from narrowmm._threads import available_cpus
+
+    out = _run("import narrowmm as nm; print(nm.get_num_threads())")
+    assert int(out.stdout) == available_cpus() >= 1
