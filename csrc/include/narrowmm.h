@@ -17,6 +17,12 @@ int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
               int64_t ldc, int accumulate);
 
+/* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
+ * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
+ * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */
+double nm_probe_fma(const nm_kernel_row *row, int threads, int64_t iters, double *flops);
+double nm_probe_read(const nm_kernel_row *row, int threads, const float *buf, int64_t n);
+
 /* CPU features the dispatcher looks at (bit set = usable: the CPU has it and the OS saves
  * the registers it needs). */
 enum nm_cpu_feature {

@@ -41,6 +41,14 @@ typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *a
 typedef void (*nm_decode_fn)(const uint16_t *src, float *dst, int64_t n);
 typedef void (*nm_encode_fn)(const float *src, uint16_t *dst, int64_t n);
 
+/* Probes of the machine's limits, for the benchmark's roofline:
+ * probe_fma runs `iters` rounds of independent fused multiply-adds on the row's widest
+ * registers and returns a value that depends on all of them (so none is optimised away);
+ * probe_fma_flops is the floating-point operations one round performs.
+ * probe_read sums n floats (n a multiple of 64, 64-byte aligned) with vector loads. */
+typedef float (*nm_probe_fma_fn)(int64_t iters);
+typedef float (*nm_probe_read_fn)(const float *buf, int64_t n);
+
 typedef struct nm_kernel_row {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
@@ -56,6 +64,9 @@ typedef struct nm_kernel_row {
     const char *decode_name[NM_FMT_COUNT];
     nm_encode_fn encode[NM_FMT_COUNT];
     const char *encode_name[NM_FMT_COUNT];
+    nm_probe_fma_fn probe_fma;
+    int64_t probe_fma_flops;
+    nm_probe_read_fn probe_read;
 } nm_kernel_row;
 
 /* Each ISA folder provides one function filling a row; a SIMD row starts as a copy of the

@@ -380,6 +380,58 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
     return PyLong_FromLong(nm_get_num_threads());
 }
 
+static int check_threads(int threads) {
+    if (threads < 1 || threads > NM_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", NM_MAX_THREADS,
+                     threads);
+        return -1;
+    }
+    return 0;
+}
+
+/* probe_fma(threads, iters) -> (flops, seconds) on the current row */
+static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+    (void)self;
+    int threads;
+    long long iters;
+    if (!PyArg_ParseTuple(args, "iL", &threads, &iters)) return NULL;
+    if (check_threads(threads) < 0) return NULL;
+    if (iters < 1) {
+        PyErr_SetString(PyExc_ValueError, "iters must be positive");
+        return NULL;
+    }
+    double flops, seconds;
+    Py_BEGIN_ALLOW_THREADS
+    seconds = nm_probe_fma(current_row, threads, iters, &flops);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(dd)", flops, seconds);
+}
+
+/* probe_read(threads, buffer) -> seconds to read the whole float32 buffer once */
+static PyObject *py_probe_read(PyObject *self, PyObject *args) {
+    (void)self;
+    int threads;
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "iO", &threads, &obj)) return NULL;
+    if (check_threads(threads) < 0) return NULL;
+    Py_buffer v;
+    if (get_vector(obj, "buffer", 0, &v) < 0) return NULL;
+    PyObject *result = NULL;
+    const int64_t n = v.len / 4;
+    if ((uintptr_t)v.buf % 64 || n % (64 * (int64_t)threads) || n == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "buffer must be 64-byte aligned, non-empty, a multiple of 256*threads bytes");
+    } else {
+        double seconds;
+        Py_BEGIN_ALLOW_THREADS
+        seconds = nm_probe_read(current_row, threads, (const float *)v.buf, n);
+        Py_END_ALLOW_THREADS
+        result = PyFloat_FromDouble(seconds);
+    }
+    PyBuffer_Release(&v);
+    return result;
+}
+
 static PyObject *py_formats(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -409,6 +461,8 @@ static PyMethodDef methods[] = {
     {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},
     {"formats", py_formats, METH_NOARGS, "The C format table: (code, name, itemsize)."},
     {"set_num_threads", py_set_num_threads, METH_O, "Threads a call may use."},
+    {"probe_fma", py_probe_fma, METH_VARARGS, "probe_fma(threads, iters) -> (flops, s)."},
+    {"probe_read", py_probe_read, METH_VARARGS, "probe_read(threads, f32 buffer) -> s."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "Threads a call may use."},
     {NULL, NULL, 0, NULL},
 };

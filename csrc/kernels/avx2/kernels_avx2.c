@@ -116,13 +116,18 @@ NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, load1_bf16)
 
 /* ---- packing: decode once into 16-wide float32 slivers ------------------------------ */
 
-/* Rows outer, slivers inner: each row of the block is read as one contiguous run. */
+/* Rows outer, slivers inner: each row of the block is read as one contiguous run. While a
+ * row is packed, the same columns kc rows further down (the block the frame packs next)
+ * are prefetched, so their DRAM reads overlap this block's compute. A prefetch never
+ * faults, so running past the end of B is harmless. */
 #define NM_DEFINE_PACK(NAME, ITEM, LOAD8, LOAD1)                                             \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
                      float *dst) {                                                           \
         const int64_t full = nr == NR ? nc / NR * NR : 0; /* columns in whole slivers */    \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
+            for (int64_t o = 0; o < nc * (ITEM); o += 64)                                    \
+                _mm_prefetch((const char *)(src + kc * ldb + o), _MM_HINT_T1);               \
             int64_t j0 = 0;                                                                  \
             for (; j0 < full; j0 += NR) {                                                    \
                 float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \
@@ -237,6 +242,47 @@ static void encode_bf16_avx2(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
 }
 
+/* ---- limit probes --------------------------------------------------------------------- */
+
+/* 12 independent vector chains: enough to cover the FMA latency on both FMA ports. */
+static float probe_fma_avx2(int64_t iters) {
+    __m256 acc[12];
+    for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps((float)j);
+    const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (int64_t i = 0; i < iters; ++i) {
+        acc[0] = _mm256_fmadd_ps(acc[0], x, y);
+        acc[1] = _mm256_fmadd_ps(acc[1], x, y);
+        acc[2] = _mm256_fmadd_ps(acc[2], x, y);
+        acc[3] = _mm256_fmadd_ps(acc[3], x, y);
+        acc[4] = _mm256_fmadd_ps(acc[4], x, y);
+        acc[5] = _mm256_fmadd_ps(acc[5], x, y);
+        acc[6] = _mm256_fmadd_ps(acc[6], x, y);
+        acc[7] = _mm256_fmadd_ps(acc[7], x, y);
+        acc[8] = _mm256_fmadd_ps(acc[8], x, y);
+        acc[9] = _mm256_fmadd_ps(acc[9], x, y);
+        acc[10] = _mm256_fmadd_ps(acc[10], x, y);
+        acc[11] = _mm256_fmadd_ps(acc[11], x, y);
+    }
+    __m256 s = acc[0];
+    for (int j = 1; j < 12; ++j) s = _mm256_add_ps(s, acc[j]);
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0] + out[7];
+}
+
+static float probe_read_avx2(const float *buf, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i < n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(buf + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(buf + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(buf + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(buf + i + 24));
+    }
+    float out[8];
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return out[0] + out[7];
+}
+
 #define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
 
 void nm_fill_row_avx2(nm_kernel_row *row) {
@@ -244,8 +290,8 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     row->isa = "avx2";
     row->mr = MR;
     row->nr = NR;
-    row->kc = 128;
-    row->nc = 512;
+    row->kc = 256;
+    row->nc = 256;
     SET(gemv, NM_FMT_F32, gemv_f32_avx2);
     SET(gemv, NM_FMT_FP16, gemv_fp16_avx2);
     SET(gemv, NM_FMT_BF16, gemv_bf16_avx2);
@@ -258,4 +304,7 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     SET(decode, NM_FMT_BF16, decode_bf16_avx2);
     SET(encode, NM_FMT_FP16, encode_fp16_avx2);
     SET(encode, NM_FMT_BF16, encode_bf16_avx2);
+    row->probe_fma = probe_fma_avx2;
+    row->probe_fma_flops = 12 * 8 * 2;
+    row->probe_read = probe_read_avx2;
 }

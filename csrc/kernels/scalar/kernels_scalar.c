@@ -87,6 +87,26 @@ static void encode_bf16_scalar(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
 }
 
+/* 8 independent scalar chains; the multiplier keeps values bounded and exact-free. */
+static float probe_fma_scalar(int64_t iters) {
+    float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const float x = 0.999999f, y = 1e-7f;
+    for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 8; ++j) acc[j] = fmaf(acc[j], x, y);
+    float s = 0;
+    for (int j = 0; j < 8; ++j) s += acc[j];
+    return s;
+}
+
+static float probe_read_scalar(const float *buf, int64_t n) {
+    float acc[8] = {0};
+    for (int64_t i = 0; i < n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += buf[i + j];
+    float s = 0;
+    for (int j = 0; j < 8; ++j) s += acc[j];
+    return s;
+}
+
 #define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
 
 void nm_fill_row_scalar(nm_kernel_row *row) {
@@ -108,4 +128,7 @@ void nm_fill_row_scalar(nm_kernel_row *row) {
     SET(decode, NM_FMT_BF16, decode_bf16_scalar);
     SET(encode, NM_FMT_FP16, encode_fp16_scalar);
     SET(encode, NM_FMT_BF16, encode_bf16_scalar);
+    row->probe_fma = probe_fma_scalar;
+    row->probe_fma_flops = 8 * 2;
+    row->probe_read = probe_read_scalar;
 }
