@@ -39,14 +39,36 @@ def test_check_passes_here():
 
 def test_bench_small_shape_writes_json(tmp_path):
     path = tmp_path / "bench.json"
-    out = run_cli("bench", "--shape", "64,48", "--batch", "1,3", "--quick", "--json", str(path))
+    out = run_cli("bench", "--shape", "64,48", "--batch", "1,3", "--quick", "--threads", "1,2",
+                  "--cache", "cold,warm", "--isa", "scalar", "--json", str(path))
     assert out.returncode == 0, out.stderr
     assert "64x48" in out.stdout
     doc = json.loads(path.read_text())
-    systems = {(r["system"], r["format"], r["m"]) for r in doc["results"]}
-    assert {("narrowmm", "fp16", 1), ("narrowmm", "bf16", 3), ("numpy-f32", "f32", 1)} <= systems
+    assert doc["schema"] == "narrowmm-bench/1"
+    assert {(li["threads"], li["isa"]) for li in doc["limits"]} == {(1, "scalar"), (2, "scalar")}
+    for li in doc["limits"]:
+        assert li["read_gbps"] > 0 and li["fma_gflops"] > 0
+    got = {(r["system"], r["format"], r["m"], r["threads"], r["cache"]) for r in doc["results"]}
+    for m in (1, 3):
+        for t in (1, 2):
+            for cache in ("cold", "warm"):
+                for fmt in ("fp16", "bf16", "f32"):
+                    assert ("narrowmm", fmt, m, t, cache) in got
+                assert ("numpy-f32", "f32", m, t, cache) in got
+                assert ("numpy-upcast", "bf16", m, t, cache) in got
+    keys = {"system", "format", "shape", "k", "n", "m", "threads", "cache", "isa",
+            "median_ms", "min_ms", "max_ms", "calls", "gbps", "gflops", "pct_of_limit"}
     for r in doc["results"]:
+        assert keys <= r.keys()
         assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert r["calls"] >= 3
+        if r["system"] == "narrowmm":
+            assert r["isa"] == "scalar"
+
+
+def test_bench_rejects_an_isa_row_the_cpu_lacks():
+    out = run_cli("bench", "--quick", "--isa", "sse9")
+    assert out.returncode != 0 and "not available here" in out.stderr
 
 
 def test_bench_rejects_bad_arguments():

@@ -47,9 +47,10 @@ static void zero_block(int64_t m, int64_t n, float *c, int64_t ldc) {
     for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
 }
 
-/* m > 1 on columns [j_begin, j_end): decode a kc x nc block of B once into a packed panel
- * (read row by row: long contiguous runs the prefetchers follow), then sweep its NR-wide
- * slivers over every row of A; a sliver stays in L1 while all of A's rows use it. */
+/* m > 1 on columns [j_begin, j_end). For each k block (ascending), walk the column blocks:
+ * decode a kc x nc block of B once into a packed panel (read row by row), then sweep its
+ * NR-wide slivers over every row of A. The k block of A (m x kc) stays in L1/L2 through the
+ * whole walk; the pack kernel is told which block comes next so it can prefetch it. */
 static int matmul_packed(const matmul_job *job, int64_t j_begin, int64_t j_end) {
     const nm_kernel_row *row = job->row;
     const int64_t itemsize = nm_format_table[job->fmt].itemsize;
@@ -58,12 +59,17 @@ static int matmul_packed(const matmul_job *job, int64_t j_begin, int64_t j_end) 
     size_t bytes = ((size_t)(kc_max * nc_max) * sizeof(float) + 63) / 64 * 64;
     float *panel = aligned_alloc(64, bytes);
     if (!panel) return NM_ENOMEM;
-    for (int64_t jc = j_begin; jc < j_end; jc += nc_max) {
-        const int64_t nc = min64(nc_max, j_end - jc);
-        for (int64_t pc = 0; pc < job->k; pc += kc_max) {
-            const int64_t kc = min64(kc_max, job->k - pc);
-            row->pack[job->fmt](kc, nc, job->b + pc * job->ldb + jc * itemsize, job->ldb,
-                                (int)nr, panel);
+    for (int64_t pc = 0; pc < job->k; pc += kc_max) {
+        const int64_t kc = min64(kc_max, job->k - pc);
+        const uint8_t *b_block = job->b + pc * job->ldb;
+        for (int64_t jc = j_begin; jc < j_end; jc += nc_max) {
+            const int64_t nc = min64(nc_max, j_end - jc);
+            const uint8_t *next = jc + nc_max < j_end ? b_block + (jc + nc_max) * itemsize
+                                  : pc + kc_max < job->k
+                                      ? b_block + kc_max * job->ldb + j_begin * itemsize
+                                      : NULL;
+            row->pack[job->fmt](kc, nc, b_block + jc * itemsize, job->ldb, (int)nr, panel,
+                                next);
             for (int64_t jr = 0; jr < nc; jr += nr) {
                 const float *sliver = panel + (jr / nr) * kc * nr;
                 for (int64_t ic = 0; ic < job->m; ic += mr) {

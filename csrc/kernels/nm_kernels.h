@@ -26,9 +26,11 @@ typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *
 
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
- * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. */
+ * with the last sliver zero-padded to nr columns. dst is 64-byte aligned.
+ * `next` is a hint from the frame: the top-left of the block it will pack next (same ldb,
+ * kc x nc at most), or NULL. A row may prefetch it; it must never be dereferenced. */
 typedef void (*nm_pack_fn)(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,
-                           float *dst);
+                           float *dst, const uint8_t *next);
 
 /* Register-blocked microkernel on one mr x nr tile of C (mr <= MR, nr <= NR of its row):
  *     c[i*ldc + j] = fma(a[i*lda + p], bp[p*NR + j], c[i*ldc + j])  for p = 0..kc-1

@@ -1,26 +1,37 @@
-"""``narrowmm bench``: median time per call on Llama weight shapes, against NumPy float32.
+"""``narrowmm bench``: narrowmm against the machine's limits and its peers, in one run.
 
-Both sides multiply the same matrix: NumPy gets the narrow weights' exact float32 values.
-Every narrowmm result is checked bit for bit against the NumPy provider on a few columns
-before it is timed (a benchmark of a wrong kernel is worthless).
+Every system multiplies the same matrix: the narrow weights' exact values (NumPy and
+PyTorch float32 get them as float32). Limits (read bandwidth, float32 FMA peak) are
+measured at the start of the run by the C core's probes. ``cold`` rotates through enough
+weight copies that each call finds its weights outside the last-level cache, as in a model's
+forward pass; ``warm`` reuses one copy. Each system's output is checked once before it is
+timed: narrowmm bit for bit against the NumPy provider, peers against narrowmm's exact
+result within their precision. docs/bench.md documents the JSON schema.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import platform
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ._api import matmul
 from ._check import same_bits
+from ._threads import get_num_threads, set_num_threads
 from ._weights import Weights
 from .providers import use_provider
+from .providers.native import core, use_isa
 
+SCHEMA = "narrowmm-bench/1"
 # (name, k, n): k input features, n output features, as in the seed's benchmark
 LLAMA_SHAPES = (
     ("q_proj 1B", 2048, 2048),
@@ -29,46 +40,94 @@ LLAMA_SHAPES = (
     ("ffn_down 8B", 11008, 4096),
 )
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+NARROWMM_FORMATS = ("fp16", "bf16", "f32")
+SLOW_CALL_S = 4.0  # a system whose single call takes longer is skipped for that case
 
 
 @dataclass
 class Result:
+    """One timed (system, format, shape, m, threads, cache) measurement."""
+
     system: str
     format: str
     shape: str
     k: int
     n: int
     m: int
+    threads: int
+    cache: str
+    isa: str | None
     median_ms: float
     min_ms: float
     max_ms: float
     calls: int
+    weight_bytes: int
+    gbps: float = 0.0
+    gflops: float = 0.0
+    limit: str = ""
+    pct_of_limit: float = 0.0
 
 
-def time_calls(fn: Callable[[], object], min_calls: int, budget_s: float) -> list[float]:
-    """Call ``fn`` once to warm up, then until ``min_calls`` calls and ``budget_s`` seconds
-    have both passed; return each call's time in ms."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_calls or time.perf_counter() - start < budget_s:
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-        if len(times) >= 1000:
-            break
-    return times
+@dataclass
+class Limits:
+    threads: int
+    isa: str
+    read_gbps: float
+    fma_gflops: float
 
 
-def _verify(x: np.ndarray, w: Weights, y: np.ndarray) -> None:
-    """Bit-check a few output columns against the NumPy provider (same fma chain)."""
-    n = w.shape[1]
-    cols = np.unique(np.array([0, n // 3, n // 2, n - 1]))
-    sub = Weights.from_bits(np.ascontiguousarray(w.bits[:, cols]), w.format)
-    with use_provider("numpy"):
-        want = matmul(x, sub)
-    if not same_bits(y[:, cols], want):
-        raise AssertionError(f"narrowmm {w.format.name} result is wrong for {w.shape}")
+@dataclass
+class Config:
+    shapes: list[tuple[str, int, int]]
+    batches: list[int]
+    formats: list[str]
+    threads: list[int]
+    caches: list[str]
+    isas: list[str]
+    min_calls: int
+    budget_s: float
+    peers: bool = True
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+# ---- the machine ----------------------------------------------------------------------
+
+def l3_bytes() -> int:
+    """Size of the largest CPU cache (from sysfs), 32 MiB if unknown."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(base):
+            try:
+                with open(f"{base}/{entry}/size", encoding="ascii") as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * scale)
+    return best or 32 << 20
+
+
+def _aligned_floats(n: int) -> np.ndarray:
+    raw = np.empty(n + 16, np.float32)
+    off = (-raw.ctypes.data % 64) // 4
+    return raw[off:off + n]
+
+
+def measure_limits(threads: int, isa: str, quick: bool) -> Limits:
+    """Best-of-N read bandwidth over a buffer 4x the last-level cache, and FMA peak."""
+    c = core()
+    n = max(4 * l3_bytes(), 64 << 20) // 4
+    n -= n % (64 * threads)
+    buf = _aligned_floats(n)
+    buf.fill(1.0)  # touch every page before timing
+    with use_isa(isa):
+        read = max(buf.nbytes / c.probe_read(threads, buf) for _ in range(3 if quick else 7))
+        iters = 1 << 20
+        _, secs = c.probe_fma(threads, iters)
+        iters = max(1 << 16, int(iters * 0.05 / max(secs, 1e-6)))  # ~50 ms a probe
+        fma = max(f / s for f, s in (c.probe_fma(threads, iters) for _ in range(3 if quick else 5)))
+    return Limits(threads, isa, read / 1e9, fma / 1e9)
 
 
 def blas_info() -> list[dict[str, object]]:
@@ -81,92 +140,463 @@ def blas_info() -> list[dict[str, object]]:
     return [{k: d.get(k) for k in keep} for d in threadpool_info() if d.get("user_api") == "blas"]
 
 
-def run(shapes: list[tuple[str, int, int]], batches: list[int], formats: list[str],
-        min_calls: int, budget_s: float, progress: Callable[[str], None]) -> list[Result]:
-    """Time every (shape, batch) for NumPy float32 and for narrowmm in each format."""
+@contextlib.contextmanager
+def all_threads(n: int, torch: Any) -> Iterator[None]:
+    """Limit narrowmm, NumPy's BLAS and PyTorch to n threads inside the block."""
+    before = get_num_threads()
+    set_num_threads(n)
+    torch_before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        limits: Any = contextlib.nullcontext()
+    else:
+        limits = threadpool_limits(n, user_api="blas")
+    try:
+        with limits:
+            yield
+    finally:
+        set_num_threads(before)
+        if torch is not None:
+            torch.set_num_threads(torch_before)
+
+
+# ---- timing ---------------------------------------------------------------------------
+
+def time_calls(fn: Callable[[int], object], min_calls: int, budget_s: float) -> list[float]:
+    """Call ``fn(i)`` (i counts calls, for rotating weight copies) until ``min_calls`` calls
+    and ``budget_s`` seconds have both passed; each call's time in ms."""
+    times: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while len(times) < min_calls or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        fn(i)
+        times.append((time.perf_counter() - t0) * 1e3)
+        i += 1
+        if len(times) >= 500:
+            break
+    return times
+
+
+def _copies(weight_bytes: int, cache: str) -> int:
+    """Weight copies to rotate through: enough that a copy is out of the last-level cache
+    (three cache sizes of other weights) by the time it is used again; at most 1024, so a
+    tiny matrix is only out of the inner caches."""
+    if cache == "warm":
+        return 1
+    return min(1024, max(2, math.ceil(3 * l3_bytes() / max(weight_bytes, 1)) + 1))
+
+
+def _check_close(name: str, y: np.ndarray, exact: np.ndarray, tol: float) -> None:
+    y = np.asarray(y, np.float64)
+    ref = exact.astype(np.float64)
+    err = np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30)
+    if not err <= tol:
+        raise AssertionError(f"{name}: relative error {err:.2e} exceeds {tol:.0e}")
+
+
+def _verify_narrowmm(x: np.ndarray, w: Weights, y: np.ndarray) -> None:
+    """Bit-check a few output columns against the NumPy provider (same fma chain)."""
+    n = w.shape[1]
+    cols = np.unique(np.array([0, n // 3, n // 2, n - 1]))
+    sub = Weights.from_bits(np.ascontiguousarray(w.bits[:, cols]), w.format)
+    with use_provider("numpy"):
+        want = matmul(x, sub)
+    if not same_bits(y[:, cols], want):
+        raise AssertionError(f"narrowmm {w.format.name} result is wrong for {w.shape}")
+
+
+# ---- the systems ----------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One (system, format) on one shape: build its weight copies, call it."""
+
+    system: str
+    format: str
+    weight_bytes: int
+    call: Callable[[int], np.ndarray]  # call(i) uses copy i % copies
+    tol: float  # relative error allowed against the exact result (narrowmm: bit-exact)
+    isa: str | None
+    ref_format: str  # whose exact weight values this system multiplies
+
+
+def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, Weights],
+             cache: str, cfg: Config, torch: Any, ml_dtypes: Any) -> list[Case]:
+    """The cases for one shape and batch; weight copies are built here, freed after."""
+    cases: list[Case] = []
+    out = np.empty((m, n), np.float32)
+    isa = core().isa()
+    for fmt in cfg.formats:
+        w = exact[fmt]
+        copies = [w] + [Weights.from_bits(w.bits.copy(), fmt)
+                        for _ in range(_copies(w.nbytes, cache) - 1)]
+        cases.append(Case("narrowmm", fmt, w.nbytes,
+                          lambda i, c=copies: matmul(x, c[i % len(c)], out=out), 0.0, isa, fmt))
+    if not cfg.peers:
+        return cases
+    base_fmt = cfg.formats[0]
+    w32 = exact[base_fmt].decode()
+    blas = next((b.get("architecture") for b in blas_info()), None)
+    copies32 = [w32] + [w32.copy() for _ in range(_copies(w32.nbytes, cache) - 1)]
+    cases.append(Case("numpy-f32", "f32", w32.nbytes,
+                      lambda i, c=copies32: np.matmul(x, c[i % len(c)]), 1e-4, blas, base_fmt))
+    for fmt in (f for f in cfg.formats if f in ("fp16", "bf16")):
+        bits = [exact[fmt].bits] + [exact[fmt].bits.copy()
+                                    for _ in range(_copies(exact[fmt].nbytes, cache) - 1)]
+        if fmt == "fp16":
+            def up(i, c=bits):
+                return np.matmul(x, c[i % len(c)].view(np.float16).astype(np.float32))
+        else:
+            def up(i, c=bits):
+                return np.matmul(x, (c[i % len(c)].astype(np.uint32) << 16).view(np.float32))
+        cases.append(Case("numpy-upcast", fmt, exact[fmt].nbytes, up, 1e-4, blas, fmt))
+        if fmt == "bf16" and ml_dtypes is not None:
+            xb = x.astype(ml_dtypes.bfloat16)
+            cases.append(Case("ml_dtypes", "bf16", exact[fmt].nbytes,
+                              lambda i, c=bits, xb=xb: np.matmul(
+                                  xb, c[i % len(c)].view(ml_dtypes.bfloat16)), 3e-2, None,
+                              "bf16"))
+    if torch is not None:
+        cap = torch.backends.cpu.get_cpu_capability()
+        f = torch.nn.functional
+        for system, dtype, fmt, tol in (("torch-f32", torch.float32, "f32", 1e-4),
+                                        ("torch-bf16", torch.bfloat16, "bf16", 3e-2),
+                                        ("torch-f16", torch.float16, "fp16", 3e-2)):
+            ref_fmt = fmt if fmt in exact else base_fmt
+            src = exact[ref_fmt].decode()
+            wt = torch.from_numpy(np.ascontiguousarray(src.T)).to(dtype)  # (n, k) as Linear
+            copies_t = [wt] + [wt.clone() for _ in range(
+                _copies(wt.numel() * wt.element_size(), cache) - 1)]
+            xt = torch.from_numpy(x).to(dtype)
+
+            def tcall(i, c=copies_t, xt=xt):
+                with torch.inference_mode():
+                    return f.linear(xt, c[i % len(c)]).float().numpy()
+
+            cases.append(Case(system, fmt, wt.numel() * wt.element_size(), tcall, tol,
+                              f"torch:{cap}", ref_fmt))
+    return cases
+
+
+# ---- running --------------------------------------------------------------------------
+
+def _optional(name: str) -> Any:
+    try:
+        return __import__(name)
+    except ImportError:
+        return None
+
+
+def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
+    """Measure the limits, then every case; returns (limits, results)."""
+    torch = _optional("torch") if cfg.peers else None
+    ml_dtypes = _optional("ml_dtypes") if cfg.peers else None
+    if cfg.peers and torch is None:
+        cfg.skipped.append({"system": "torch-*", "reason": "PyTorch is not installed"})
+    if cfg.peers and ml_dtypes is None:
+        cfg.skipped.append({"system": "ml_dtypes", "reason": "ml_dtypes is not installed"})
+    limits = _all_limits(cfg, progress)
     results: list[Result] = []
-    for name, k, n in shapes:
+    for name, k, n in cfg.shapes:
         rng = np.random.default_rng(k + n)
         raw = ((rng.random((k, n), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
-        for m in batches:
+        exact = {fmt: Weights.encode(raw, fmt) for fmt in cfg.formats}
+        del raw
+        for m in cfg.batches:
             x = ((rng.random((m, k), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
-            for fmt in formats:
-                w = Weights.encode(raw, fmt)
-                w32 = w.decode()  # the same values, as float32, for NumPy
-                out = np.empty((m, n), np.float32)
-                matmul(x, w, out=out)
-                _verify(x, w, out)
-                progress(f"{name} m={m} {fmt}")
-                t = time_calls(lambda x=x, w=w, out=out: matmul(x, w, out=out),
-                               min_calls, budget_s)
-                results.append(Result("narrowmm", fmt, name, k, n, m, statistics.median(t),
-                                      min(t), max(t), len(t)))
-                if fmt == formats[0]:  # one NumPy baseline per (shape, m)
-                    ref = np.empty((m, n), np.float32)
-                    t = time_calls(lambda x=x, w32=w32, ref=ref: np.matmul(x, w32, out=ref),
-                                   min_calls, budget_s)
-                    results.append(Result("numpy-f32", "f32", name, k, n, m,
-                                          statistics.median(t), min(t), max(t), len(t)))
-    return results
+            reference = {fmt: matmul(x, w) for fmt, w in exact.items()}
+            for fmt, w in exact.items():
+                _verify_narrowmm(x, w, reference[fmt])
+            for cache in cfg.caches:
+                cases = _systems(name, k, n, m, x, exact, cache, cfg, torch, ml_dtypes)
+                for isa in cfg.isas:
+                    for t in cfg.threads:
+                        lim = next(li for li in limits if (li.isa, li.threads) == (isa, t))
+                        with use_isa(isa), all_threads(t, torch):
+                            for case in cases:
+                                if case.system != "narrowmm" and isa != cfg.isas[0]:
+                                    continue  # peers do not depend on narrowmm's row
+                                progress.step(f"{name} m={m} {case.system} {case.format} "
+                                              f"{cache} {isa} t={t}")
+                                r = _measure(case, name, k, n, m, t, cache, isa, cfg, lim,
+                                             reference)
+                                if r is not None:
+                                    results.append(r)
+                del cases
+    # Limits again at the end: on a shared machine a probe can lose its core for a moment;
+    # the best of both is the machine's limit.
+    for li, again in zip(limits, _all_limits(cfg, progress), strict=True):
+        li.read_gbps = max(li.read_gbps, again.read_gbps)
+        li.fma_gflops = max(li.fma_gflops, again.fma_gflops)
+    for r in results:
+        lim = next(li for li in limits if li.threads == r.threads and
+                   li.isa == (r.isa if r.system == "narrowmm" else cfg.isas[0]))
+        r.pct_of_limit = 100.0 * (r.gbps / lim.read_gbps if r.m == 1
+                                  else r.gflops / lim.fma_gflops)
+    return limits, results
 
 
-def format_table(results: list[Result]) -> str:
-    """Rows of shape x batch: NumPy float32 and each narrowmm format, median ms (ratio)."""
-    formats = sorted({r.format for r in results if r.system == "narrowmm"},
-                     key=["fp16", "bf16", "f32"].index)
-    head = f"{'shape':<12}{'m':>5}{'numpy f32':>12}" + "".join(
-        f"{'nm ' + f:>20}" for f in formats)
-    lines = [head, "-" * len(head)]
-    keys = sorted({(r.shape, r.k, r.n, r.m) for r in results},
-                  key=lambda t: (t[1] * t[2], t[1], t[3]))
-    for shape, _k, _n, m in keys:
-        base = next(r for r in results if r.system == "numpy-f32" and (r.shape, r.m) == (shape, m))
-        cells = ""
-        for f in formats:
-            r = next(r for r in results
-                     if r.system == "narrowmm" and r.format == f and (r.shape, r.m) == (shape, m))
-            cells += f"{r.median_ms:>11.3f} ({base.median_ms / r.median_ms:>4.2f}x)"
-        lines.append(f"{shape:<12}{m:>5}{base.median_ms:>12.3f}{cells}")
-    lines.append("median ms per call; (Nx) = NumPy float32 time / narrowmm time, higher is "
-                 "better")
+def _all_limits(cfg: Config, progress: Any) -> list[Limits]:
+    limits = []
+    for isa in cfg.isas:
+        for t in cfg.threads:
+            progress.note(f"measuring limits: {isa}, {t} thread(s)")
+            limits.append(measure_limits(t, isa, cfg.budget_s < 0.5))
+    return limits
+
+
+def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, isa: str,
+             cfg: Config, lim: Limits, reference: dict[str, np.ndarray]) -> Result | None:
+    t0 = time.perf_counter()
+    y = case.call(0)  # warm-up, and the output to check
+    first = time.perf_counter() - t0
+    exact = reference[case.ref_format]
+    if case.system == "narrowmm":
+        if not same_bits(y, exact):
+            raise AssertionError(f"narrowmm {case.format} on {isa} differs from the reference")
+    else:
+        _check_close(f"{case.system} {case.format}", y, exact, case.tol)
+    if first > SLOW_CALL_S:
+        cfg.skipped.append({"system": case.system, "format": case.format, "shape": name,
+                            "m": m, "threads": t, "cache": cache,
+                            "reason": f"one call took {first:.1f} s (limit {SLOW_CALL_S} s)"})
+        return None
+    times = time_calls(lambda i: case.call(i + 1), cfg.min_calls, cfg.budget_s)
+    med = statistics.median(times)
+    gbps = case.weight_bytes / (med * 1e-3) / 1e9
+    gflops = 2.0 * m * k * n / (med * 1e-3) / 1e9
+    if m == 1:
+        limit, pct = "read_gbps", 100.0 * gbps / lim.read_gbps
+    else:
+        limit, pct = "fma_gflops", 100.0 * gflops / lim.fma_gflops
+    return Result(case.system, case.format, name, k, n, m, t, cache,
+                  case.isa if case.system != "narrowmm" else isa, med, min(times), max(times),
+                  len(times), case.weight_bytes, gbps, gflops, limit, pct)
+
+
+# ---- output ---------------------------------------------------------------------------
+
+class Progress:
+    """A progress bar (rich, else tqdm, else plain lines)."""
+
+    def __init__(self, total: int) -> None:
+        self._bar: Any = None
+        self._rich: Any = None
+        try:
+            from rich.progress import Progress as RichProgress
+
+            self._rich = RichProgress(transient=True)
+            self._rich.start()
+            self._task = self._rich.add_task("bench", total=total)
+        except ImportError:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, leave=False)
+            except ImportError:
+                pass
+
+    def note(self, text: str) -> None:
+        if self._rich is not None:
+            self._rich.update(self._task, description=text)
+        elif self._bar is not None:
+            self._bar.set_description(text)
+        else:
+            print(f"  {text}", flush=True)
+
+    def step(self, text: str) -> None:
+        self.note(text)
+        if self._rich is not None:
+            self._rich.advance(self._task)
+        elif self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()
+        elif self._bar is not None:
+            self._bar.close()
+
+
+def format_tables(limits: list[Limits], results: list[Result]) -> str:
+    """Human tables: narrowmm against the limits and NumPy, then every system's time."""
+    lines: list[str] = []
+    for li in limits:
+        lines.append(f"limits ({li.isa}, {li.threads} thread(s)): read {li.read_gbps:.1f} GB/s, "
+                     f"float32 FMA {li.fma_gflops:.1f} GFLOP/s")
+    groups = sorted({(r.cache, r.threads) for r in results})
+    for cache, t in groups:
+        rs = [r for r in results if (r.cache, r.threads) == (cache, t)]
+        numpy = {(r.shape, r.m): r for r in rs if r.system == "numpy-f32"}
+        lines.append("")
+        lines.append(f"narrowmm, {cache} cache, {t} thread(s)")
+        head = (f"{'shape':<12}{'m':>4} {'isa':<7}{'fmt':<5}{'ms':>9}{'GB/s':>8}"
+                f"{'GFLOP/s':>9}{'% limit':>9}{'vs numpy':>10}")
+        lines += [head, "-" * len(head)]
+        for r in sorted((r for r in rs if r.system == "narrowmm"),
+                        key=lambda r: (r.k * r.n, r.k, r.m, r.isa or "", r.format)):
+            base = numpy.get((r.shape, r.m))
+            ratio = f"{base.median_ms / r.median_ms:.2f}x" if base else "-"
+            lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{r.format:<5}"
+                         f"{r.median_ms:>9.3f}{r.gbps:>8.1f}{r.gflops:>9.1f}"
+                         f"{r.pct_of_limit:>8.0f}%{ratio:>10}")
+        systems = sorted({(r.system, r.format) for r in rs if r.system != "narrowmm"})
+        nm_fmts = sorted({r.format for r in rs if r.system == "narrowmm"},
+                         key=NARROWMM_FORMATS.index)
+        cols = [("narrowmm", f) for f in nm_fmts] + systems
+        lines.append("")
+        lines.append(f"median ms per call, every system ({cache} cache, {t} thread(s))")
+        short = {"narrowmm": "nm", "numpy-f32": "numpy", "numpy-upcast": "upcast",
+                 "ml_dtypes": "ml_dtypes", "torch-f32": "torch", "torch-bf16": "torch",
+                 "torch-f16": "torch"}
+        head = f"{'shape':<12}{'m':>4}" + "".join(
+            f"{short.get(s, s) + ' ' + f:>15}" for s, f in cols)
+        lines += [head, "-" * len(head)]
+        for shape, _k, _n, m in sorted({(r.shape, r.k, r.n, r.m) for r in rs},
+                                       key=lambda v: (v[1] * v[2], v[1], v[3])):
+            row = f"{shape:<12}{m:>4}"
+            for s, f in cols:
+                hit = [r.median_ms for r in rs
+                       if (r.system, r.format, r.shape, r.m) == (s, f, shape, m)]
+                row += f"{min(hit):>15.3f}" if hit else f"{'-':>15}"
+            lines.append(row)
     return "\n".join(lines)
 
 
-def main(args) -> int:
-    from ._runtime import runtime_info
+def write_plot(path: str, limits: list[Limits], results: list[Result]) -> None:
+    """Time per shape and batch for every system, with the roofline limit marked."""
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cache, t = min((r.cache, r.threads) for r in results)
+    rs = [r for r in results if (r.cache, r.threads) == (cache, t)]
+    lim = next(li for li in limits if li.threads == t)
+    shapes = sorted({(r.shape, r.k, r.n) for r in rs}, key=lambda v: (v[1] * v[2], v[1]))
+    batches = sorted({r.m for r in rs})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4.2), squeeze=False)
+    series = sorted({(r.system, r.format, r.isa if r.system == "narrowmm" else "") for r in rs})
+    for ax, (shape, k, n) in zip(axes[0], shapes, strict=True):
+        xs = np.arange(len(batches))
+        width = 0.8 / max(len(series), 1)
+        for si, (system, fmt, isa) in enumerate(series):
+            ys = []
+            for m in batches:
+                hit = [r.median_ms for r in rs if (r.system, r.format, r.shape, r.m) ==
+                       (system, fmt, shape, m) and (system != "narrowmm" or r.isa == isa)]
+                ys.append(min(hit) if hit else np.nan)
+            label = f"{system} {fmt}" + (f" ({isa})" if isa else "")
+            ax.bar(xs + si * width - 0.4 + width / 2, ys, width, label=label)
+        for xi, m in enumerate(batches):  # the limit: bytes / bandwidth or flops / peak
+            fp16_bytes = 2 * k * n
+            floor = (fp16_bytes / (lim.read_gbps * 1e9) if m == 1
+                     else 2 * m * k * n / (lim.fma_gflops * 1e9)) * 1e3
+            ax.hlines(floor, xi - 0.45, xi + 0.45, colors="black", linestyles="dashed")
+        ax.set_yscale("log")
+        ax.set_xticks(xs, [f"m={m}" for m in batches])
+        ax.set_title(f"{shape} ({k}x{n})")
+        ax.set_ylabel("median ms per call")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
+    fig.suptitle(f"narrowmm bench, {cache} cache, {t} thread(s)\ndashed: the limit (fp16 "
+                 f"weights at {lim.read_gbps:.0f} GB/s for m=1, {lim.fma_gflops:.0f} GFLOP/s "
+                 "above)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.savefig(path, dpi=110)
+
+
+# ---- the command ----------------------------------------------------------------------
+
+def build_config(args: Any) -> Config:
+    available = [name for name, ok, _ in core().isa_rows() if ok]
+    if args.isa:
+        isas = args.isa.split(",")
+        unknown = [i for i in isas if i not in available]
+        if unknown:
+            raise SystemExit(f"narrowmm bench: ISA row(s) {unknown} not available here "
+                             f"(available: {', '.join(available)})")
+    else:
+        isas = [core().isa()]
     if args.shape:
         shapes = [(f"{k}x{n}", k, n) for k, n in args.shape]
     elif args.quick:
-        shapes = list(LLAMA_SHAPES[:1])
+        shapes = [LLAMA_SHAPES[1]]
     else:
         shapes = list(LLAMA_SHAPES)
-    batches = args.batch or [1, 16]
-    formats = args.format or ["fp16", "bf16"]
-    min_calls, budget = (3, 0.2) if args.quick else (5, 1.0)
+    batches = args.batch or ([1, 16] if args.quick else [1, 16, 128])
+    formats = args.format or list(NARROWMM_FORMATS)
+    threads = args.threads or [get_num_threads()]
+    caches = args.cache or ["cold"]
+    min_calls, budget = (3, 0.15) if args.quick else (5, 0.5)
+    return Config(shapes, batches, formats, threads, caches, isas, min_calls, budget,
+                  peers=not args.no_peers)
+
+
+def main(args: Any) -> int:
+    from ._runtime import runtime_info
+
+    if core() is None:
+        raise SystemExit("narrowmm bench needs the native core, which did not load")
+    cfg = build_config(args)
     info = runtime_info()
-    print(f"narrowmm {info['version']} on {info['cpu']}: isa {info['isa']}, "
-          f"threads {info['threads']}")
+    print(f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])}); "
+          f"isa {', '.join(cfg.isas)}; threads {', '.join(map(str, cfg.threads))}; "
+          f"cache {', '.join(cfg.caches)}; L3 {l3_bytes() >> 20} MiB")
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]
     if set_vars:
         print(f"note: {', '.join(f'{v}={os.environ[v]}' for v in set_vars)} is set and slows "
-              f"NumPy's BLAS; for a fair baseline run: env -u OPENBLAS_CORETYPE "
-              f"-u OPENBLAS_L2_SIZE narrowmm bench")
+              "NumPy's BLAS; for a fair baseline: env -u OPENBLAS_CORETYPE -u "
+              "OPENBLAS_L2_SIZE narrowmm bench")
     for b in blas_info():
-        print(f"numpy BLAS: {b.get('internal_api')} {b.get('version')} "
-              f"kernel {b.get('architecture')}, {b.get('num_threads')} threads")
-
-    def progress(what: str) -> None:
-        print(f"  timing {what} ...", flush=True)
-
-    results = run(shapes, batches, formats, min_calls, budget, progress)
-    print()
-    print(format_table(results))
+        print(f"numpy BLAS: {b.get('internal_api')} {b.get('version')}, kernel "
+              f"{b.get('architecture')}, {b.get('num_threads')} threads by default")
+    total = len(cfg.shapes) * len(cfg.batches) * len(cfg.caches) * len(cfg.threads) * (
+        len(cfg.isas) * len(cfg.formats) + (8 if cfg.peers else 0))
+    progress = Progress(total)
+    t0 = time.perf_counter()
+    try:
+        limits, results = run(cfg, progress)
+    finally:
+        progress.close()
+    elapsed = time.perf_counter() - t0
+    print(format_tables(limits, results))
+    for s in cfg.skipped:
+        where = " ".join(f"{k}={v}" for k, v in s.items() if k not in ("system", "reason"))
+        print(f"skipped: {s['system']} {where}: {s['reason']}")
+    print(f"({len(results)} measurements in {elapsed:.0f} s; ratios are NumPy float32 time "
+          "over narrowmm time, higher is better)")
     if args.json:
-        doc = {"runtime": info, "blas": blas_info(),
-               "env": {v: os.environ.get(v) for v in BLAS_ENV},
-               "results": [asdict(r) for r in results]}
+        doc = {"schema": SCHEMA, "machine": {**info, "l3_bytes": l3_bytes(),
+                                             "platform": platform.platform(),
+                                             "blas": blas_info(),
+                                             "env": {v: os.environ.get(v) for v in BLAS_ENV},
+                                             "torch": _version("torch"),
+                                             "ml_dtypes": _version("ml_dtypes")},
+               "config": {"shapes": [list(s) for s in cfg.shapes], "batches": cfg.batches,
+                          "formats": cfg.formats, "threads": cfg.threads,
+                          "caches": cfg.caches, "isas": cfg.isas, "min_calls": cfg.min_calls,
+                          "budget_s": cfg.budget_s},
+               "limits": [asdict(li) for li in limits],
+               "results": [asdict(r) for r in results],
+               "skipped": cfg.skipped, "elapsed_s": elapsed}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2)
         print(f"wrote {args.json}")
+    if args.plot:
+        write_plot(args.plot, limits, results)
+        print(f"wrote {args.plot}")
     return 0
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

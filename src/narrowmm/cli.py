@@ -26,20 +26,40 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _caches(text: str) -> list[str]:
+    values = text.split(",")
+    bad = [v for v in values if v not in ("cold", "warm")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"cache states are cold and warm, got {bad}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="narrowmm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="what narrowmm chose on this machine")
     info.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("check", help="self-test: codec sweeps and kernel parity")
-    bench = sub.add_parser("bench", help="time matmuls on Llama shapes against NumPy")
-    bench.add_argument("--quick", action="store_true", help="one shape, short budgets")
+    bench = sub.add_parser("bench", help="time narrowmm against the machine's limits and "
+                           "its peers on Llama weight shapes")
+    bench.add_argument("--quick", action="store_true",
+                       help="a sub-minute smoke run: one shape, batches 1 and 16")
     bench.add_argument("--shape", type=_shape, action="append",
                        help="k,n instead of the Llama shapes (repeatable)")
-    bench.add_argument("--batch", type=_ints, help="batch sizes m, e.g. 1,16 (default)")
+    bench.add_argument("--batch", type=_ints, help="batch sizes m (default 1,16,128)")
     bench.add_argument("--format", action="append", choices=["fp16", "bf16", "f32"],
-                       help="weight formats (default fp16 and bf16; repeatable)")
-    bench.add_argument("--json", metavar="PATH", help="write every figure as JSON")
+                       help="narrowmm weight formats (default all; repeatable)")
+    bench.add_argument("--threads", type=_ints, help="thread counts, e.g. 1,2 (default: "
+                       "the pool's size)")
+    bench.add_argument("--cache", type=_caches, help="cold (default), warm, or cold,warm")
+    bench.add_argument("--isa", help="narrowmm ISA rows to time, e.g. avx2,scalar "
+                       "(default: the row in use)")
+    bench.add_argument("--no-peers", action="store_true",
+                       help="time narrowmm only (no NumPy, ml_dtypes or PyTorch)")
+    bench.add_argument("--json", metavar="PATH", help="write every figure as JSON "
+                       "(schema in docs/bench.md)")
+    bench.add_argument("--plot", metavar="PATH.png", help="draw the results (needs "
+                       "matplotlib)")
     return parser
 
 

@@ -117,17 +117,17 @@ NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, load1_bf16)
 /* ---- packing: decode once into 16-wide float32 slivers ------------------------------ */
 
 /* Rows outer, slivers inner: each row of the block is read as one contiguous run. While a
- * row is packed, the same columns kc rows further down (the block the frame packs next)
- * are prefetched, so their DRAM reads overlap this block's compute. A prefetch never
- * faults, so running past the end of B is harmless. */
+ * row is packed, the same row of the block the frame packs next is prefetched, so its DRAM
+ * reads overlap this block's compute. */
 #define NM_DEFINE_PACK(NAME, ITEM, LOAD8, LOAD1)                                             \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
-                     float *dst) {                                                           \
+                     float *dst, const uint8_t *next) {                                      \
         const int64_t full = nr == NR ? nc / NR * NR : 0; /* columns in whole slivers */    \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
-            for (int64_t o = 0; o < nc * (ITEM); o += 64)                                    \
-                _mm_prefetch((const char *)(src + kc * ldb + o), _MM_HINT_T1);               \
+            if (next)                                                                        \
+                for (int64_t o = 0; o < nc * (ITEM); o += 64)                                \
+                    _mm_prefetch((const char *)(next + p * ldb + o), _MM_HINT_T1);           \
             int64_t j0 = 0;                                                                  \
             for (; j0 < full; j0 += NR) {                                                    \
                 float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \

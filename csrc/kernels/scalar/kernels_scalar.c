@@ -37,7 +37,8 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_bf16_to_f32(load_u16(row + 2 * j)))
 
 #define NM_DEFINE_PACK(NAME, ITEMSIZE, DECODE)                                             \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,        \
-                     float *dst) {                                                         \
+                     float *dst, const uint8_t *next) {                                    \
+        (void)next; /* portable C has no prefetch */                                       \
         for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                          \
             int64_t w = nc - j0 < nr ? nc - j0 : nr;                                       \
             float *sliver = dst + (j0 / nr) * kc * nr;                                     \
