@@ -37,11 +37,17 @@ def test_use_provider_forces_and_restores():
 
 
 def test_env_var_forces(monkeypatch):
-    monkeypatch.setenv("NARROWMM_PROVIDER", "numpy")
-    assert reg.resolve("decode", get_format("bf16"))[0].name == "numpy"
-    monkeypatch.setenv("NARROWMM_PROVIDER", "gpu")
-    with pytest.raises(ValueError, match="unknown provider 'gpu'"):
-        reg.resolve("decode", get_format("bf16"))
+    try:
+        monkeypatch.setenv("NARROWMM_PROVIDER", "numpy")
+        reg.clear_cache()  # the variable is read at import and by clear_cache
+        assert reg.resolve("decode", get_format("bf16"))[0].name == "numpy"
+        monkeypatch.setenv("NARROWMM_PROVIDER", "gpu")
+        reg.clear_cache()
+        with pytest.raises(ValueError, match="unknown provider 'gpu'"):
+            reg.resolve("decode", get_format("bf16"))
+    finally:
+        monkeypatch.delenv("NARROWMM_PROVIDER")
+        reg.clear_cache()
 
 
 def test_forcing_an_unavailable_provider_is_an_error(monkeypatch):

@@ -154,7 +154,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         goto done;
     }
     if (overlaps(&c, 4, &a, 4) || overlaps(&c, 4, &b, bsize)) {
-        PyErr_SetString(PyExc_ValueError, "out overlaps x or the weights");
+        PyErr_SetString(PyExc_ValueError, "out shares memory with x or the weights");
         goto done;
     }
     int status;

@@ -28,13 +28,11 @@ def _check_float32(a: object, what: str) -> np.ndarray:
 def _kernel_friendly(a: np.ndarray) -> bool:
     """Rows contiguous, row stride a non-negative multiple of 4 bytes, float-aligned."""
     rows, cols = a.shape
-    if a.size == 0:
+    if rows == 0 or cols == 0:
         return True
-    if cols > 1 and a.strides[1] != 4:
-        return False
-    if rows > 1 and (a.strides[0] < 0 or a.strides[0] % 4):
-        return False
-    return a.ctypes.data % 4 == 0
+    s0, s1 = a.strides
+    return (a.flags.aligned and (cols == 1 or s1 == 4)
+            and (rows == 1 or (s0 >= 0 and s0 % 4 == 0)))
 
 
 def _activations(x: object, k: int) -> tuple[np.ndarray, bool]:
@@ -82,10 +80,10 @@ def matmul(
     """
     if not isinstance(w, Weights):
         w = Weights(w)
-    k, n = w.shape
+    k, n = w.bits.shape
     xa, vector = _activations(x, k)
     m = xa.shape[0]
-    out_shape = (n,) if vector else (m, n)
+    provider, kernel = resolve("matmul", w.format)
     if out is None:
         if accumulate:
             raise ValueError("accumulate=True needs an out array to accumulate into")
@@ -94,19 +92,20 @@ def matmul(
         result = target[0] if vector else target
     else:
         o = _check_float32(out, "out")
+        out_shape = (n,) if vector else (m, n)
         if o.shape != out_shape:
             raise ValueError(f"out must have shape {out_shape}, got {o.shape}")
         if not o.flags.writeable:
             raise ValueError("out is read-only")
-        if np.may_share_memory(o, x) or np.may_share_memory(o, w.bits):
-            raise ValueError("out shares memory with x or the weights")
         target = o[None, :] if vector else o
-        if _kernel_friendly(target):
-            kernel_out = target
-        else:  # compute in a scratch array and copy back: out may have any strides
+        kernel_out = target if _kernel_friendly(target) else None
+        # The native binding checks overlap itself before writing; elsewhere check here.
+        if (kernel_out is None or not provider.checks_overlap) and (
+                np.may_share_memory(o, x) or np.may_share_memory(o, w.bits)):
+            raise ValueError("out shares memory with x or the weights")
+        if kernel_out is None:  # compute in a scratch array and copy back: any strides
             kernel_out = np.array(target, order="C") if accumulate else np.empty((m, n), _F32)
         result = o
-    _, kernel = resolve("matmul", w.format)
     kernel.fn(xa, w.bits, kernel_out, bool(accumulate))
     if kernel_out is not target:
         target[...] = kernel_out

@@ -2,7 +2,8 @@
 
 Providers are tried in priority order (native 100 > numpy 50 > reference 0); the first
 available one whose ``lookup`` returns a kernel serves the call, and a None cascades to the
-next. ``NARROWMM_PROVIDER`` or :func:`use_provider` forces one provider for every call.
+next. ``NARROWMM_PROVIDER`` (read at import, and again by :func:`clear_cache`) or
+:func:`use_provider` forces one provider for every call.
 
 A call served below ``native`` while the extension is loaded is a missing native kernel
 hiding as a slow one; it raises :class:`FallbackWarning` once per (operation, format).
@@ -46,6 +47,7 @@ _warned: set[tuple[str, str]] = set()
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "narrowmm_provider", default=None
 )
+_env_forced: str | None = os.environ.get("NARROWMM_PROVIDER") or None
 
 
 def register(provider: Provider) -> None:
@@ -74,7 +76,7 @@ def get_provider(name: str) -> Provider:
 
 def forced_provider() -> str | None:
     """The provider forced by :func:`use_provider` or ``NARROWMM_PROVIDER``, if any."""
-    return _forced.get() or os.environ.get("NARROWMM_PROVIDER") or None
+    return _forced.get() or _env_forced
 
 
 @contextlib.contextmanager
@@ -143,10 +145,13 @@ def _cascade(op: str, fmt: Format) -> tuple[Provider, Kernel]:
 
 
 def clear_cache() -> None:
-    """Forget resolved kernels (after registering a provider or switching ISA rows)."""
+    """Forget resolved kernels and re-read ``NARROWMM_PROVIDER`` (after registering a
+    provider, switching ISA rows or changing the environment)."""
+    global _env_forced
     with _lock:
         _cache.clear()
         _warned.clear()
+        _env_forced = os.environ.get("NARROWMM_PROVIDER") or None
 
 
 for _p in (NativeProvider(), NumpyProvider(), ReferenceProvider()):

@@ -28,6 +28,9 @@ class Provider:
 
     name: str = ""
     priority: int = 0
+    #: True when the provider's matmul itself rejects an ``out`` that overlaps ``x`` or the
+    #: weights, before writing (the API then skips its own, slower check)
+    checks_overlap: bool = False
 
     def available(self) -> bool:
         """Whether this provider can run here at all."""

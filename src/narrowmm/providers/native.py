@@ -56,6 +56,7 @@ class NativeProvider(Provider):
 
     name = "native"
     priority = 100
+    checks_overlap = True
     _builders: ClassVar[dict] = {"matmul": _matmul, "encode": _codec("encode", np.uint16),
                                  "decode": _codec("decode", np.float32)}
 
