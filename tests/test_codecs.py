@@ -194,6 +194,18 @@ def test_encode_decode_round_trip_every_finite_pattern(isa):
         np.testing.assert_array_equal(nm.encode(values[not_nan], fmt), ALL16[not_nan])
 
 
+def test_codecs_accept_unaligned_inputs(isa):
+    raw = np.zeros(2 * 65536 + 1, np.uint8)
+    odd = raw[1:].view(np.uint16)
+    odd[...] = ALL16
+    assert not odd.flags.aligned
+    np.testing.assert_array_equal(nm.decode(odd, "fp16").view(np.uint32),
+                                  nm.decode(ALL16, "fp16").view(np.uint32))
+    fbuf = np.zeros(4 * 100 + 2, np.uint8)[2:].view(np.float32)
+    fbuf[...] = np.linspace(-3, 3, 100, dtype=np.float32)
+    np.testing.assert_array_equal(nm.encode(fbuf, "bf16"), nm.encode(fbuf.copy(), "bf16"))
+
+
 def test_codecs_keep_shape_and_accept_views(isa):
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)[:, ::2]
     bits = nm.encode(x, "bf16")

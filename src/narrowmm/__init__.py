@@ -14,7 +14,9 @@ from importlib import metadata as _metadata
 
 from ._api import decode, encode, matmul
 from ._formats import FORMATS, Format, get_format
+from ._linear import Linear
 from ._runtime import runtime_info, show_runtime
+from ._safetensors import SafetensorsError, SafetensorsFile, load_safetensors
 from ._threads import get_num_threads, set_num_threads
 from ._threads import init as _init_threads
 from ._weights import Weights
@@ -32,7 +34,10 @@ __all__ = [
     "FORMATS",
     "FallbackWarning",
     "Format",
+    "Linear",
     "Provider",
+    "SafetensorsError",
+    "SafetensorsFile",
     "Weights",
     "__version__",
     "decode",
@@ -40,6 +45,7 @@ __all__ = [
     "get_format",
     "get_num_threads",
     "list_providers",
+    "load_safetensors",
     "matmul",
     "runtime_info",
     "set_num_threads",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._formats import Format, get_format
+from ._interop import from_dlpack
 from ._weights import Weights
 from .providers import resolve
 
@@ -15,7 +16,11 @@ _F32 = np.dtype(np.float32)
 
 def _check_float32(a: object, what: str) -> np.ndarray:
     if not isinstance(a, np.ndarray):
-        raise TypeError(f"{what} must be a numpy.ndarray of float32, got {type(a).__name__}")
+        if what != "out" and hasattr(a, "__dlpack__"):
+            a = from_dlpack(a, what)  # e.g. a PyTorch float32 tensor, zero-copy
+        else:
+            raise TypeError(
+                f"{what} must be a numpy.ndarray of float32, got {type(a).__name__}")
     if a.dtype != _F32:
         if a.dtype.kind == "f" and a.dtype.itemsize == 4 and not a.dtype.isnative:
             raise TypeError(f"{what} is float32 of non-native byte order ({a.dtype.str}); "
@@ -56,19 +61,23 @@ def matmul(
     out: np.ndarray | None = None,
     *,
     accumulate: bool = False,
+    bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """``x @ w`` with float32 activations and narrow weights, bit-reproducibly.
 
     Every output element is the chain ``c = fma(x[i, p], w[p, j], c)`` over p ascending,
-    starting from +0.0, or from ``out``'s value when ``accumulate=True``; every provider,
-    ISA and thread count gives the same bits.
+    starting from +0.0, from ``bias[j]`` when a bias is given, or from ``out``'s value when
+    ``accumulate=True``; every provider, ISA and thread count gives the same bits.
 
     Args:
-        x: float32 activations, shape (m, k) or (k,).
+        x: float32 activations, shape (m, k) or (k,): a NumPy array or any DLPack producer
+            (a PyTorch tensor, imported without a copy).
         w: :class:`Weights` of shape (k, n), or an array ``Weights(...)`` accepts.
         out: optional float32 array of shape (m, n) (or (n,) for 1-D ``x``) to write into.
         accumulate: add into ``out`` (``out += x @ w``, fused per step) instead of
             overwriting it. Requires ``out``.
+        bias: optional float32 ``(n,)`` vector each output column's chain starts from
+            (``x @ w + bias`` with a single rounding per step). Not with ``accumulate``.
 
     Returns:
         ``out`` if given, else a new float32 array of shape (m, n) or (n,).
@@ -84,6 +93,12 @@ def matmul(
     xa, vector = _activations(x, k)
     m = xa.shape[0]
     provider, kernel = resolve("matmul", w.format)
+    if bias is not None:
+        if accumulate:
+            raise ValueError("bias and accumulate=True cannot be combined")
+        bias = _check_float32(bias, "bias")
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
     if out is None:
         if accumulate:
             raise ValueError("accumulate=True needs an out array to accumulate into")
@@ -101,15 +116,25 @@ def matmul(
         kernel_out = target if _kernel_friendly(target) else None
         # The native binding checks overlap itself before writing; elsewhere check here.
         if (kernel_out is None or not provider.checks_overlap) and (
-                np.may_share_memory(o, x) or np.may_share_memory(o, w.bits)):
+                np.may_share_memory(o, xa) or np.may_share_memory(o, w.bits)):
             raise ValueError("out shares memory with x or the weights")
         if kernel_out is None:  # compute in a scratch array and copy back: any strides
             kernel_out = np.array(target, order="C") if accumulate else np.empty((m, n), _F32)
         result = o
+    if bias is not None:  # everything is validated: now the chains may start from it
+        kernel_out[...] = bias
+        accumulate = True
     kernel.fn(xa, w.bits, kernel_out, bool(accumulate))
     if kernel_out is not target:
         target[...] = kernel_out
     return result
+
+
+def _flat_aligned(a: np.ndarray) -> np.ndarray:
+    """A contiguous, aligned 1-D view of ``a``, copying only when it is neither (a view
+    at an odd offset of a memory-mapped file, say)."""
+    flat = np.ascontiguousarray(a).reshape(-1)
+    return flat if flat.flags.aligned else flat.copy()
 
 
 def _codec_format(format: str | Format) -> Format:
@@ -130,7 +155,7 @@ def encode(values: np.ndarray, format: str | Format) -> np.ndarray:
     a = _check_float32(values, "values")
     if not a.dtype.isnative:
         raise TypeError("values must have native byte order")
-    flat = np.ascontiguousarray(a).reshape(-1)
+    flat = _flat_aligned(a)
     _, kernel = resolve("encode", fmt)
     return kernel.fn(flat).reshape(a.shape)
 
@@ -142,6 +167,6 @@ def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
         raise TypeError(f"bits must be a numpy.ndarray of uint16, got {type(bits).__name__}")
     if bits.dtype.itemsize != 2 or bits.dtype.kind not in "uif" or not bits.dtype.isnative:
         raise TypeError(f"bits must be uint16 (or int16/float16), got {bits.dtype}")
-    flat = np.ascontiguousarray(bits).reshape(-1).view(np.uint16)
+    flat = _flat_aligned(bits).view(np.uint16)
     _, kernel = resolve("decode", fmt)
     return kernel.fn(flat).reshape(bits.shape)

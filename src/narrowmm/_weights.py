@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from ._formats import FORMATS, Format, get_format
+from ._interop import Bf16Bits, as_array
 
 _BY_DTYPE_NAME = {name: f for f in FORMATS.values() for name in f.numpy_names}
 
 
-def _as_ndarray(obj: object, what: str) -> np.ndarray:
-    if isinstance(obj, np.ndarray):
-        return obj
-    raise TypeError(f"{what} must be a numpy.ndarray, got {type(obj).__name__}")
+def _format_of(a: np.ndarray) -> Format | None:
+    if isinstance(a, Bf16Bits):
+        return FORMATS["bf16"]
+    return _BY_DTYPE_NAME.get(a.dtype.name)
 
 
 def check_layout(a: np.ndarray, what: str) -> None:
@@ -36,8 +37,10 @@ class Weights:
     """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``, ``"bf16"``).
 
     ``Weights(array)`` wraps without copying: a NumPy float16 array is fp16, an ml_dtypes
-    bfloat16 array is bf16, a float32 array is f32. Raw 16-bit patterns go through
-    :meth:`from_bits`; float32 values to be rounded go through :meth:`encode`.
+    bfloat16 array is bf16, a float32 array is f32; any object with ``__dlpack__`` (a
+    PyTorch float16 / bfloat16 / float32 tensor, say) is imported zero-copy first. Raw
+    16-bit patterns go through :meth:`from_bits`; float32 values to be rounded go through
+    :meth:`encode`.
 
     The array must be 2-D with contiguous rows; row strides may be larger than a row
     (a sub-block of a bigger matrix) and the data need not be aligned.
@@ -51,8 +54,8 @@ class Weights:
     __slots__ = ("bits", "format")
 
     def __init__(self, array: object, format: str | Format | None = None) -> None:
-        a = _as_ndarray(array, "weights")
-        fmt = _BY_DTYPE_NAME.get(a.dtype.name)
+        a = as_array(array, "weights")
+        fmt = _format_of(a)
         if fmt is None:
             if a.dtype.kind in "ui" and a.dtype.itemsize == 2:
                 raise TypeError(
@@ -68,13 +71,13 @@ class Weights:
             raise ValueError(f"array of dtype {a.dtype} is {fmt.name}, not {wanted}")
         check_layout(a, "weights")
         self.format: Format = fmt
-        self.bits: np.ndarray = a.view(fmt.storage)
+        self.bits: np.ndarray = a.view(np.ndarray).view(fmt.storage)
 
     @classmethod
     def from_bits(cls, bits: object, format: str | Format) -> Weights:
         """Wrap raw bit patterns: uint16 (or int16) for fp16/bf16, float32 or uint32 for f32."""
         fmt = get_format(format)
-        a = _as_ndarray(bits, "bits")
+        a = as_array(bits, "bits").view(np.ndarray)
         if fmt.itemsize == 2 and not (a.dtype.kind in "ui" and a.dtype.itemsize == 2):
             raise TypeError(f"{fmt.name} bits must be uint16 or int16, got {a.dtype}")
         if fmt.itemsize == 4 and a.dtype not in (np.dtype(np.uint32), np.dtype(np.float32)):
@@ -91,7 +94,7 @@ class Weights:
         from ._api import encode
 
         fmt = get_format(format)
-        a = _as_ndarray(values, "values")
+        a = as_array(values, "values")
         if a.ndim != 2:
             raise ValueError(f"values must be 2-D (k, n), got shape {a.shape}")
         if fmt.name == "f32":
