@@ -1,6 +1,11 @@
 /* narrowmm: what this CPU (and its OS) can run. */
 #include "../include/narrowmm.h"
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #define NM_X86 1
 #if defined(_MSC_VER)
@@ -65,6 +70,8 @@ unsigned nm_cpu_features(void) {
             if (r[0] & (1u << 5)) f |= NM_CPU_AVX512BF16;
         }
     }
+#elif defined(__aarch64__) && defined(__linux__)
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMD) f |= NM_CPU_NEON;
 #elif defined(__aarch64__) || defined(_M_ARM64)
     f |= NM_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */
 #endif

@@ -6,6 +6,9 @@ const nm_isa_entry nm_isa_table[] = {
 #if defined(NM_HAVE_AVX2)
     {"avx2", NM_CPU_AVX | NM_CPU_AVX2 | NM_CPU_FMA | NM_CPU_F16C, nm_fill_row_avx2},
 #endif
+#if defined(NM_HAVE_NEON)
+    {"neon", NM_CPU_NEON, nm_fill_row_neon},
+#endif
     {"scalar", 0u, nm_fill_row_scalar},
 };
 const int nm_isa_count = (int)(sizeof nm_isa_table / sizeof nm_isa_table[0]);

@@ -77,5 +77,8 @@ void nm_fill_row_scalar(nm_kernel_row *row);
 #if defined(NM_HAVE_AVX2)
 void nm_fill_row_avx2(nm_kernel_row *row);
 #endif
+#if defined(NM_HAVE_NEON)
+void nm_fill_row_neon(nm_kernel_row *row);
+#endif
 
 #endif

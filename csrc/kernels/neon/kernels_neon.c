@@ -1,0 +1,237 @@
+/* narrowmm: the neon row (AArch64 Advanced SIMD). Advanced SIMD, fused multiply-add and
+ * the half-precision conversions used here (FCVTL / FCVTN) are all base ARMv8-A, so this
+ * file needs no extra -march flags.
+ *
+ * Same contract as the scalar row: one fma per p, p ascending, per C element; vector lanes
+ * are distinct output columns. Tails use fmaf, a single FMADD instruction here. */
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#include "../../codecs/codec_scalar.h"
+#include "../nm_kernels.h"
+
+#define MR 8
+#define NR 8
+
+/* ---- loading 4 weights as float32 (B may sit at any byte address) ------------------- */
+
+static inline float32x4_t load4_f32(const uint8_t *p) { return vreinterpretq_f32_u8(vld1q_u8(p)); }
+
+static inline float32x4_t load4_fp16(const uint8_t *p) {
+    /* FCVTL: exact; a signalling NaN comes back quiet with its payload, like vcvtph2ps */
+    return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p)));
+}
+
+static inline float32x4_t load4_bf16(const uint8_t *p) {
+    uint16x4_t h = vreinterpret_u16_u8(vld1_u8(p));
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+}
+
+static inline float load1_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+static inline float load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(load_u16(p)); }
+static inline float load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(load_u16(p)); }
+
+/* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
+
+#define NM_DEFINE_GEMV(NAME, ITEM, LOAD4, LOAD1)                                             \
+    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
+                     float *c) {                                                             \
+        int64_t p = 0;                                                                       \
+        for (; p + 4 <= k; p += 4) {                                                         \
+            const float a0 = a[p], a1 = a[p + 1], a2 = a[p + 2], a3 = a[p + 3];              \
+            const uint8_t *b0 = b + p * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb; \
+            int64_t j = 0;                                                                   \
+            for (; j + 16 <= n; j += 16) {                                                   \
+                float32x4_t c0 = vld1q_f32(c + j), c1 = vld1q_f32(c + j + 4);                \
+                float32x4_t c2 = vld1q_f32(c + j + 8), c3 = vld1q_f32(c + j + 12);           \
+                const int64_t o = (ITEM) * j;                                                \
+                const uint8_t *rows[4] = {b0, b1, b2, b3};                                   \
+                const float as[4] = {a0, a1, a2, a3};                                        \
+                for (int r = 0; r < 4; ++r) { /* p ascending within the group */             \
+                    const float32x4_t ar = vdupq_n_f32(as[r]);                               \
+                    const uint8_t *br = rows[r] + o;                                         \
+                    c0 = vfmaq_f32(c0, ar, LOAD4(br));                                       \
+                    c1 = vfmaq_f32(c1, ar, LOAD4(br + 4 * (ITEM)));                          \
+                    c2 = vfmaq_f32(c2, ar, LOAD4(br + 8 * (ITEM)));                          \
+                    c3 = vfmaq_f32(c3, ar, LOAD4(br + 12 * (ITEM)));                         \
+                }                                                                            \
+                vst1q_f32(c + j, c0);                                                        \
+                vst1q_f32(c + j + 4, c1);                                                    \
+                vst1q_f32(c + j + 8, c2);                                                    \
+                vst1q_f32(c + j + 12, c3);                                                   \
+            }                                                                                \
+            for (; j < n; ++j) {                                                             \
+                const int64_t o = (ITEM) * j;                                                \
+                float cj = c[j];                                                             \
+                cj = fmaf(a0, LOAD1(b0 + o), cj);                                            \
+                cj = fmaf(a1, LOAD1(b1 + o), cj);                                            \
+                cj = fmaf(a2, LOAD1(b2 + o), cj);                                            \
+                cj = fmaf(a3, LOAD1(b3 + o), cj);                                            \
+                c[j] = cj;                                                                   \
+            }                                                                                \
+        }                                                                                    \
+        for (; p < k; ++p) {                                                                 \
+            const float32x4_t a0 = vdupq_n_f32(a[p]);                                        \
+            const uint8_t *b0 = b + p * ldb;                                                 \
+            int64_t j = 0;                                                                   \
+            for (; j + 4 <= n; j += 4)                                                       \
+                vst1q_f32(c + j, vfmaq_f32(vld1q_f32(c + j), a0, LOAD4(b0 + (ITEM) * j)));   \
+            for (; j < n; ++j) c[j] = fmaf(a[p], LOAD1(b0 + (ITEM) * j), c[j]);              \
+        }                                                                                    \
+    }
+
+NM_DEFINE_GEMV(gemv_f32_neon, 4, load4_f32, load1_f32)
+NM_DEFINE_GEMV(gemv_fp16_neon, 2, load4_fp16, load1_fp16)
+NM_DEFINE_GEMV(gemv_bf16_neon, 2, load4_bf16, load1_bf16)
+
+/* ---- packing: rows outer, 8-wide slivers inner --------------------------------------- */
+
+#define NM_DEFINE_PACK(NAME, ITEM, LOAD4, LOAD1)                                             \
+    static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
+                     float *dst, const uint8_t *next) {                                      \
+        const int64_t full = nr == NR ? nc / NR * NR : 0;                                    \
+        for (int64_t p = 0; p < kc; ++p) {                                                   \
+            const uint8_t *src = b + p * ldb;                                                \
+            if (next) __builtin_prefetch(next + p * ldb);                                    \
+            int64_t j0 = 0;                                                                  \
+            for (; j0 < full; j0 += NR) {                                                    \
+                float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \
+                vst1q_f32(out, LOAD4(src + (ITEM) * j0));                                    \
+                vst1q_f32(out + 4, LOAD4(src + (ITEM) * (j0 + 4)));                          \
+            }                                                                                \
+            for (; j0 < nc; j0 += nr) {                                                      \
+                const int64_t w = nc - j0 < nr ? nc - j0 : nr;                               \
+                float *out = dst + (j0 / nr) * kc * nr + p * nr;                             \
+                for (int64_t j = 0; j < w; ++j) out[j] = LOAD1(src + (ITEM) * (j0 + j));     \
+                for (int64_t j = w; j < nr; ++j) out[j] = 0.0f;                              \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+NM_DEFINE_PACK(pack_f32_neon, 4, load4_f32, load1_f32)
+NM_DEFINE_PACK(pack_fp16_neon, 2, load4_fp16, load1_fp16)
+NM_DEFINE_PACK(pack_bf16_neon, 2, load4_bf16, load1_bf16)
+
+/* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers --------------- */
+
+static void tile_8x8(int64_t kc, const float *const ar[MR], const float *bp, float *c,
+                     int64_t ldc) {
+    float32x4_t lo[MR], hi[MR];
+    for (int i = 0; i < MR; ++i) {
+        lo[i] = vld1q_f32(c + i * ldc);
+        hi[i] = vld1q_f32(c + i * ldc + 4);
+    }
+    for (int64_t p = 0; p < kc; ++p) {
+        const float32x4_t b0 = vld1q_f32(bp + p * NR), b1 = vld1q_f32(bp + p * NR + 4);
+        for (int i = 0; i < MR; ++i) {
+            const float32x4_t ai = vdupq_n_f32(ar[i][p]);
+            lo[i] = vfmaq_f32(lo[i], ai, b0);
+            hi[i] = vfmaq_f32(hi[i], ai, b1);
+        }
+    }
+    for (int i = 0; i < MR; ++i) {
+        vst1q_f32(c + i * ldc, lo[i]);
+        vst1q_f32(c + i * ldc + 4, hi[i]);
+    }
+}
+
+static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *a, int64_t lda,
+                             const float *bp, float *c, int64_t ldc) {
+    const float *ar[MR];
+    for (int64_t i = 0; i < MR; ++i) ar[i] = a + (i < mr ? i : mr - 1) * lda;
+    if (mr == MR && nr == NR) {
+        tile_8x8(kc, ar, bp, c, ldc);
+        return;
+    }
+    /* an edge tile runs on a full-size scratch copy; rows past mr re-read A's last row */
+    float tmp[MR * NR];
+    for (int64_t i = 0; i < mr; ++i) memcpy(tmp + i * NR, c + i * ldc, (size_t)nr * sizeof(float));
+    tile_8x8(kc, ar, bp, tmp, NR);
+    for (int64_t i = 0; i < mr; ++i) memcpy(c + i * ldc, tmp + i * NR, (size_t)nr * sizeof(float));
+}
+
+/* ---- codecs ------------------------------------------------------------------------- */
+
+static void decode_fp16_neon(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, load4_fp16((const uint8_t *)(src + i)));
+    for (; i < n; ++i) dst[i] = nm_fp16_to_f32(src[i]);
+}
+
+static void encode_fp16_neon(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) /* FCVTN: nearest even, NaN quieted with top payload bits */
+        vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+    for (; i < n; ++i) dst[i] = nm_f32_to_fp16(src[i]);
+}
+
+static void decode_bf16_neon(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_bf16_to_f32(src[i]);
+}
+
+static void encode_bf16_neon(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
+}
+
+/* ---- limit probes --------------------------------------------------------------------- */
+
+static float probe_fma_neon(int64_t iters) {
+    float32x4_t acc[16];
+    for (int j = 0; j < 16; ++j) acc[j] = vdupq_n_f32((float)j);
+    const float32x4_t x = vdupq_n_f32(0.999999f), y = vdupq_n_f32(1e-7f);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 16; ++j) acc[j] = vfmaq_f32(y, acc[j], x);
+    float32x4_t s = acc[0];
+    for (int j = 1; j < 16; ++j) s = vaddq_f32(s, acc[j]);
+    return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
+}
+
+static float probe_read_neon(const float *buf, int64_t n) {
+    float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i < n; i += 16) {
+        s0 = vaddq_f32(s0, vld1q_f32(buf + i));
+        s1 = vaddq_f32(s1, vld1q_f32(buf + i + 4));
+        s2 = vaddq_f32(s2, vld1q_f32(buf + i + 8));
+        s3 = vaddq_f32(s3, vld1q_f32(buf + i + 12));
+    }
+    float32x4_t s = vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3));
+    return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
+}
+
+#define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
+
+void nm_fill_row_neon(nm_kernel_row *row) {
+    nm_fill_row_scalar(row); /* every slot starts full of portable C */
+    row->isa = "neon";
+    row->mr = MR;
+    row->nr = NR;
+    row->kc = 256;
+    row->nc = 256;
+    SET(gemv, NM_FMT_F32, gemv_f32_neon);
+    SET(gemv, NM_FMT_FP16, gemv_fp16_neon);
+    SET(gemv, NM_FMT_BF16, gemv_bf16_neon);
+    SET(pack, NM_FMT_F32, pack_f32_neon);
+    SET(pack, NM_FMT_FP16, pack_fp16_neon);
+    SET(pack, NM_FMT_BF16, pack_bf16_neon);
+    row->ukernel = ukernel_8x8_neon;
+    row->ukernel_name = "ukernel_8x8_neon";
+    SET(decode, NM_FMT_FP16, decode_fp16_neon);
+    SET(decode, NM_FMT_BF16, decode_bf16_neon);
+    SET(encode, NM_FMT_FP16, encode_fp16_neon);
+    SET(encode, NM_FMT_BF16, encode_bf16_neon);
+    row->probe_fma = probe_fma_neon;
+    row->probe_fma_flops = 16 * 4 * 2;
+    row->probe_read = probe_read_neon;
+}

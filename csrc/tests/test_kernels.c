@@ -1,0 +1,224 @@
+/* narrowmm: the C-level test driver. For every ISA row this CPU can run, every kernel's
+ * output is compared bit for bit with the scalar row's (a NaN only has to meet a NaN):
+ * codecs over all 65,536 16-bit patterns and a dense sample of float32 ones, the
+ * 65,536-pattern kernel sweep on both paths, and random shapes across tile edges, strides,
+ * odd byte offsets, accumulate and thread counts, with guard cells around every output.
+ * No Python involved: it runs under sanitizers and under qemu for other architectures.
+ * Prints one line per problem and ends with "N passed, M failed". */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../frame/threads.h"
+#include "../include/narrowmm.h"
+
+static long passed, failed;
+
+static void expect(int ok, const char *fmt, ...) {
+    if (ok) {
+        ++passed;
+        return;
+    }
+    ++failed;
+    if (failed <= 40) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("FAIL ", stdout);
+        vprintf(fmt, ap);
+        fputc('\n', stdout);
+        va_end(ap);
+    }
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t next_u64(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1Dull;
+}
+static float next_float(void) { /* roughly normal-ish values in [-2, 2) */
+    return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+}
+
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static int same(float a, float b) { return (isnan(a) && isnan(b)) || bits_of(a) == bits_of(b); }
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fputs("out of memory\n", stderr);
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- codecs ------------------------------------------------------------------------- */
+
+static void test_codecs(const nm_kernel_row *row, const nm_kernel_row *ref) {
+    uint16_t *h = xmalloc(65536 * 2);
+    float *got = xmalloc(65536 * 4), *want = xmalloc(65536 * 4);
+    for (uint32_t i = 0; i < 65536; ++i) h[i] = (uint16_t)i;
+    for (int fmt = NM_FMT_FP16; fmt <= NM_FMT_BF16; ++fmt) {
+        row->decode[fmt](h, got, 65536);
+        ref->decode[fmt](h, want, 65536);
+        long bad = 0;
+        for (int i = 0; i < 65536; ++i) bad += bits_of(got[i]) != bits_of(want[i]);
+        expect(bad == 0, "%s %s: decode differs on %ld of 65536 patterns", row->isa,
+               nm_format_table[fmt].name, bad);
+    }
+    /* encode: every 4093rd float32 pattern plus the edges of both formats */
+    enum { CHUNK = 1 << 16 };
+    float *x = xmalloc(CHUNK * 4);
+    uint16_t *e1 = xmalloc(CHUNK * 2), *e2 = xmalloc(CHUNK * 2);
+    const uint32_t edges[] = {0x00000000u, 0x33000000u, 0x387FF000u, 0x38800000u, 0x477FE000u,
+                              0x47800000u, 0x7F7F0000u, 0x7F800000u, 0x7FC00000u};
+    for (int fmt = NM_FMT_FP16; fmt <= NM_FMT_BF16; ++fmt) {
+        long bad = 0, total = 0;
+        for (uint64_t start = 0; start < (1ull << 32); start += (uint64_t)CHUNK * 4093) {
+            for (int i = 0; i < CHUNK; ++i) {
+                uint32_t u = (uint32_t)(start + (uint64_t)i * 4093);
+                memcpy(&x[i], &u, 4);
+            }
+            row->encode[fmt](x, e1, CHUNK);
+            ref->encode[fmt](x, e2, CHUNK);
+            for (int i = 0; i < CHUNK; ++i) bad += e1[i] != e2[i];
+            total += CHUNK;
+        }
+        for (size_t s = 0; s < sizeof edges / sizeof edges[0]; ++s) {
+            for (int sign = 0; sign < 2; ++sign) {
+                for (int i = 0; i < CHUNK; ++i) {
+                    uint32_t u = (edges[s] - CHUNK / 2 + (uint32_t)i) ^ (sign ? 0x80000000u : 0);
+                    memcpy(&x[i], &u, 4);
+                }
+                row->encode[fmt](x, e1, CHUNK);
+                ref->encode[fmt](x, e2, CHUNK);
+                for (int i = 0; i < CHUNK; ++i) bad += e1[i] != e2[i];
+                total += CHUNK;
+            }
+        }
+        expect(bad == 0, "%s %s: encode differs on %ld of %ld inputs", row->isa,
+               nm_format_table[fmt].name, bad, total);
+    }
+    free(x), free(e1), free(e2), free(h), free(got), free(want);
+}
+
+/* ---- the kernel sweep: all patterns times 1.0 into a zeroed C ----------------------- */
+
+static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
+    uint8_t *b = xmalloc(65536 * 2 + 1);
+    float *c = xmalloc(2 * 65536 * 4), *dec = xmalloc(65536 * 4);
+    uint16_t *h = xmalloc(65536 * 2);
+    for (uint32_t i = 0; i < 65536; ++i) h[i] = (uint16_t)i;
+    const float a[2] = {1.0f, 0.0f};
+    for (int fmt = NM_FMT_FP16; fmt <= NM_FMT_BF16; ++fmt) {
+        ref->decode[fmt](h, dec, 65536);
+        memcpy(b + 1, h, 65536 * 2); /* B at an odd address */
+        for (int64_t m = 1; m <= 2; ++m) {
+            int st = nm_matmul(row, fmt, m, 65536, 1, a, 1, b + 1, 65536 * 2, c, 65536, 0);
+            long bad = 0;
+            for (int j = 0; j < 65536; ++j) bad += !same(c[j], dec[j] + 0.0f);
+            expect(st == NM_OK && bad == 0, "%s %s: sweep m=%lld differs on %ld patterns",
+                   row->isa, nm_format_table[fmt].name, (long long)m, bad);
+        }
+    }
+    free(b), free(c), free(dec), free(h);
+}
+
+/* ---- random shapes ------------------------------------------------------------------ */
+
+#define GUARD 7.25f
+
+static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt, int64_t m,
+                     int64_t n, int64_t k, int accumulate, int threads) {
+    const int64_t itemsize = nm_format_table[fmt].itemsize;
+    const int64_t lda = k + 3, ldb = (n + 5) * itemsize + 1, ldc = n + 4;
+    float *a = xmalloc((size_t)(m * lda + 1) * 4);
+    uint8_t *braw = xmalloc((size_t)(k * ldb + 2));
+    uint8_t *b = braw + 1; /* odd byte offset, odd row stride */
+    float *c_ref = xmalloc((size_t)((m + 2) * ldc) * 4), *c_got = xmalloc((size_t)((m + 2) * ldc) * 4);
+    for (int64_t i = 0; i < m * lda; ++i) a[i] = next_float();
+    for (int64_t p = 0; p < k; ++p) {
+        for (int64_t j = 0; j < n; ++j) {
+            float v = next_float();
+            if ((next_u64() & 255) == 0) v = (next_u64() & 1) ? INFINITY : 1e-40f;
+            if (fmt == NM_FMT_F32) {
+                memcpy(b + p * ldb + 4 * j, &v, 4);
+            } else {
+                uint16_t hv;
+                ref->encode[fmt](&v, &hv, 1);
+                memcpy(b + p * ldb + 2 * j, &hv, 2);
+            }
+        }
+    }
+    for (int64_t i = 0; i < (m + 2) * ldc; ++i) c_ref[i] = c_got[i] = GUARD;
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) c_ref[(i + 1) * ldc + j] = c_got[(i + 1) * ldc + j] = next_float();
+    nm_set_num_threads(1);
+    int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate);
+    nm_set_num_threads(threads);
+    int s2 = nm_matmul(row, fmt, m, n, k, a, lda, b, ldb, c_got + ldc, ldc, accumulate);
+    long bad = 0, guard = 0;
+    for (int64_t r = 0; r < m + 2; ++r) {
+        for (int64_t j = 0; j < ldc; ++j) {
+            const int inside = r >= 1 && r <= m && j < n;
+            const float g = c_got[r * ldc + j];
+            if (inside)
+                bad += !same(g, c_ref[r * ldc + j]);
+            else
+                guard += bits_of(g) != bits_of(GUARD);
+        }
+    }
+    expect(s1 == NM_OK && s2 == NM_OK && bad == 0 && guard == 0,
+           "%s %s m=%lld n=%lld k=%lld acc=%d threads=%d: %ld differ, %ld guard cells written",
+           row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
+           accumulate, threads, bad, guard);
+    free(a), free(braw), free(c_ref), free(c_got);
+}
+
+static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
+    static const int64_t ms[] = {1, 2, 3, 5, 6, 7, 8, 9, 16, 17};
+    static const int64_t ns[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 100, 257};
+    static const int64_t ks[] = {0, 1, 2, 3, 5, 17, 256, 257, 300};
+    for (int fmt = 0; fmt < NM_FMT_COUNT; ++fmt) {
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; ++i)
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; ++j) {
+                /* every (m, n) pair once, with a k and flags drawn at random */
+                const int64_t k = ks[next_u64() % (sizeof ks / sizeof ks[0])];
+                run_case(row, ref, fmt, ms[i], ns[j], k, (int)(next_u64() & 1), 1);
+            }
+        /* large enough to be split across threads (m*n*k >= 2^18) */
+        run_case(row, ref, fmt, 1, 1100, 300, 0, 3);
+        run_case(row, ref, fmt, 17, 1100, 300, 1, 2);
+        run_case(row, ref, fmt, 33, 700, 513, 0, 3);
+    }
+}
+
+int main(void) {
+    nm_kernel_row ref;
+    nm_fill_row_scalar(&ref);
+    const unsigned features = nm_cpu_features();
+    for (int r = 0; r < nm_isa_count; ++r) {
+        const nm_isa_entry *e = &nm_isa_table[r];
+        if (e->required & ~features) {
+            printf("skip row %s: this CPU lacks its features\n", e->name);
+            continue;
+        }
+        nm_kernel_row row;
+        e->fill(&row);
+        const long before = failed;
+        test_codecs(&row, &ref);
+        test_sweep(&row, &ref);
+        test_shapes(&row, &ref);
+        printf("row %s: %s\n", row.isa, failed == before ? "ok" : "FAILED");
+    }
+    printf("%ld passed, %ld failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

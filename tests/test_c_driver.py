@@ -1,0 +1,74 @@
+"""The C core outside Python: the C test driver natively under ASan + UBSan, cross-built
+for AArch64 and run under qemu (the neon row), and warning-free builds with gcc and clang.
+
+Each builds with CMake into a temporary folder. Locally a missing tool skips the test; in CI
+(CI=true) it fails, since .ci/run installs the tools (tools/install-test-deps)."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def need(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        if IN_CI:
+            pytest.fail(f"CI must provide {missing} (see tools/install-test-deps)")
+        pytest.skip(f"{missing} not installed (tools/install-test-deps installs them)")
+
+
+def build(tmp_path: Path, *options: str, env: dict | None = None) -> tuple[Path, str]:
+    """Configure and build the C core and its test driver; returns (build dir, log)."""
+    need("cmake")
+    build_dir = tmp_path / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cmd_env = {**os.environ, **(env or {})}
+    log = ""
+    for cmd in (["cmake", "-S", str(ROOT), "-B", str(build_dir), *generator,
+                 "-DNM_BUILD_PYTHON=OFF", "-DNM_BUILD_C_TESTS=ON", *options],
+                ["cmake", "--build", str(build_dir)]):
+        out = subprocess.run(cmd, capture_output=True, text=True, env=cmd_env, timeout=600)
+        log += out.stdout + out.stderr
+        assert out.returncode == 0, log
+    return build_dir, log
+
+
+def run_driver(cmd: list[str]) -> str:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    text = out.stdout + out.stderr
+    print(text)  # shown with -s, and in the failure report
+    assert out.returncode == 0, text
+    summary = re.search(r"^(\d+) passed, (\d+) failed$", out.stdout, flags=re.M)
+    assert summary and int(summary.group(1)) > 0 and summary.group(2) == "0", text
+    return text
+
+
+def test_driver_under_address_and_undefined_sanitizers(tmp_path):
+    need("cc")
+    build_dir, _ = build(tmp_path, "-DNM_SANITIZE=address,undefined",
+                         "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
+    text = run_driver([str(build_dir / "nm_test_kernels")])
+    assert "runtime error" not in text and "AddressSanitizer" not in text
+
+
+def test_neon_row_under_qemu(tmp_path):
+    need("aarch64-linux-gnu-gcc", "qemu-aarch64")
+    build_dir, log = build(tmp_path, f"-DCMAKE_TOOLCHAIN_FILE={ROOT}/cmake/aarch64-linux-gnu.cmake")
+    assert "warning:" not in log, log
+    text = run_driver(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu",
+                       str(build_dir / "nm_test_kernels")])
+    assert "row neon: ok" in text and "row scalar: ok" in text
+
+
+@pytest.mark.parametrize("compiler", ["gcc", "clang"])
+def test_core_builds_without_warnings(tmp_path, compiler):
+    need(compiler)
+    _, log = build(tmp_path, env={"CC": compiler})
+    assert "warning:" not in log, log
