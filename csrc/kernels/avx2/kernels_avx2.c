@@ -59,6 +59,10 @@ static inline float load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(load_u1
                 __m256 c0 = _mm256_loadu_ps(c + j), c1 = _mm256_loadu_ps(c + j + 8);         \
                 __m256 c2 = _mm256_loadu_ps(c + j + 16), c3 = _mm256_loadu_ps(c + j + 24);   \
                 const int64_t o = (ITEM) * j;                                                \
+                /* the next group's rows, same columns: a prefetch never faults */           \
+                for (int64_t q = 4; q < 8; ++q)                                              \
+                    for (int64_t l = 0; l < 32 * (ITEM); l += 64)                            \
+                        _mm_prefetch((const char *)(b0 + q * ldb + o + l), _MM_HINT_T0);     \
                 c0 = _mm256_fmadd_ps(a0, LOAD8(b0 + o), c0);                                 \
                 c1 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 8 * (ITEM)), c1);                    \
                 c2 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 16 * (ITEM)), c2);                   \
