@@ -1,6 +1,6 @@
 """``narrowmm check``: a self-test a user runs on their own machine.
 
-Each check compares the provider that serves calls here (normally native) with the
+Each check compares the native core, on every ISA row this CPU supports, with the
 pure-Python reference, bit for bit, and reports pass/fail.
 """
 
@@ -14,7 +14,8 @@ import numpy as np
 from ._api import decode, encode, matmul
 from ._formats import FORMATS
 from ._weights import Weights
-from .providers import use_provider
+from .providers import clear_cache, use_provider
+from .providers.native import core, supported_isas, use_isa
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -79,25 +80,45 @@ def _parity(fmt: str) -> str | None:
     return None
 
 
+def _on_row(isa: str, check: Callable[[], str | None]) -> Callable[[], str | None]:
+    def run() -> str | None:
+        with use_isa(isa):
+            clear_cache()
+            try:
+                with use_provider("native"):
+                    return check()
+            finally:
+                clear_cache()
+
+    return run
+
+
 def checks() -> list[tuple[str, Callable[[], str | None]]]:
     """(name, check) pairs; a check returns None on success or what went wrong."""
     items: list[tuple[str, Callable[[], str | None]]] = []
-    for fmt in (f.name for f in FORMATS.values() if f.has_codec):
-        items.append((f"decode {fmt}: all 65,536 patterns", lambda f=fmt: _decode_sweep(f)))
-        items.append((f"encode {fmt}: edge and random values", lambda f=fmt: _encode_sample(f)))
-        items.append((f"matmul {fmt}: 65,536-pattern sweep, m=1",
-                      lambda f=fmt: _kernel_sweep(f, 1)))
-        items.append((f"matmul {fmt}: 65,536-pattern sweep, m=2 (packed)",
-                      lambda f=fmt: _kernel_sweep(f, 2)))
-    for fmt in FORMATS:
-        items.append((f"matmul {fmt}: random shapes vs reference", lambda f=fmt: _parity(f)))
+    if core() is None:
+        return [("native core loads", lambda: "narrowmm._core did not load")]
+    for isa in supported_isas():
+        for fmt in (f.name for f in FORMATS.values() if f.has_codec):
+            items.append((f"[{isa}] decode {fmt}: all 65,536 patterns",
+                          _on_row(isa, lambda f=fmt: _decode_sweep(f))))
+            items.append((f"[{isa}] encode {fmt}: edge and random values",
+                          _on_row(isa, lambda f=fmt: _encode_sample(f))))
+            items.append((f"[{isa}] matmul {fmt}: 65,536-pattern sweep, m=1",
+                          _on_row(isa, lambda f=fmt: _kernel_sweep(f, 1))))
+            items.append((f"[{isa}] matmul {fmt}: 65,536-pattern sweep, m=2 (packed)",
+                          _on_row(isa, lambda f=fmt: _kernel_sweep(f, 2))))
+        for fmt in FORMATS:
+            items.append((f"[{isa}] matmul {fmt}: random shapes vs reference",
+                          _on_row(isa, lambda f=fmt: _parity(f))))
     return items
 
 
 def run_checks() -> int:
     """Run every check, print one line each, return the number of failures."""
     failures = 0
-    for name, check in checks():
+    items = checks()
+    for name, check in items:
         t0 = time.perf_counter()
         try:
             problem = check()
@@ -107,5 +128,5 @@ def run_checks() -> int:
         status = "PASS" if problem is None else "FAIL"
         failures += problem is not None
         print(f"{status}  {name}  ({dt:.2f} s){'' if problem is None else ': ' + problem}")
-    print(f"{len(checks()) - failures} passed, {failures} failed")
+    print(f"{len(items) - failures} passed, {failures} failed")
     return failures
