@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../codecs/codec_scalar.h"
+#include "../kernel_common.h"
 #include "../nm_kernels.h"
 
 #define MR 4
@@ -27,20 +27,6 @@ static inline __m256 load8_bf16(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
 }
 
-static inline float load1_f32(const uint8_t *p) {
-    float f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-
-static inline uint16_t load_u16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return h;
-}
-
-static inline float load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(load_u16(p)); }
-static inline float load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(load_u16(p)); }
 
 /* ---- m == 1: stream B four rows at a time --------------------------------------------
  * Each pass over a column block applies rows p..p+3 in order to C held in registers, so C
@@ -114,9 +100,9 @@ static inline float load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(load_u1
         }                                                                                    \
     }
 
-NM_DEFINE_GEMV(gemv_f32_avx2, 4, load8_f32, load1_f32)
-NM_DEFINE_GEMV(gemv_fp16_avx2, 2, load8_fp16, load1_fp16)
-NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, load1_bf16)
+NM_DEFINE_GEMV(gemv_f32_avx2, 4, load8_f32, nm_load1_f32)
+NM_DEFINE_GEMV(gemv_fp16_avx2, 2, load8_fp16, nm_load1_fp16)
+NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
 
 /* ---- packing: decode once into 16-wide float32 slivers ------------------------------ */
 
@@ -148,9 +134,9 @@ NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, load1_bf16)
         }                                                                                    \
     }
 
-NM_DEFINE_PACK(pack_f32_avx2, 4, load8_f32, load1_f32)
-NM_DEFINE_PACK(pack_fp16_avx2, 2, load8_fp16, load1_fp16)
-NM_DEFINE_PACK(pack_bf16_avx2, 2, load8_bf16, load1_bf16)
+NM_DEFINE_PACK(pack_f32_avx2, 4, load8_f32, nm_load1_f32)
+NM_DEFINE_PACK(pack_fp16_avx2, 2, load8_fp16, nm_load1_fp16)
+NM_DEFINE_PACK(pack_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
 
 /* ---- the 4 x 24 microkernel: 12 accumulators, 3 B vectors, 1 broadcast ---------------
  * Named registers rather than an array: compilers keep these in ymm registers, where an
@@ -229,13 +215,8 @@ static void encode_fp16_avx2(const float *src, uint16_t *dst, int64_t n) {
 
 /* bf16 has no conversion instruction in AVX2; the branch-free scalar codec, compiled with
  * this row's flags, is vectorised by the compiler. */
-static void decode_bf16_avx2(const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_bf16_to_f32(src[i]);
-}
-
-static void encode_bf16_avx2(const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
-}
+NM_DEFINE_CODEC_LOOP(decode_bf16_avx2, uint16_t, float, nm_bf16_to_f32)
+NM_DEFINE_CODEC_LOOP(encode_bf16_avx2, float, uint16_t, nm_f32_to_bf16)
 
 /* ---- limit probes --------------------------------------------------------------------- */
 

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../codecs/codec_scalar.h"
+#include "../kernel_common.h"
 #include "../nm_kernels.h"
 
 #define MR 8
@@ -28,20 +28,6 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
 }
 
-static inline float load1_f32(const uint8_t *p) {
-    float f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-
-static inline uint16_t load_u16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return h;
-}
-
-static inline float load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(load_u16(p)); }
-static inline float load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(load_u16(p)); }
 
 /* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
 
@@ -92,9 +78,9 @@ static inline float load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(load_u1
         }                                                                                    \
     }
 
-NM_DEFINE_GEMV(gemv_f32_neon, 4, load4_f32, load1_f32)
-NM_DEFINE_GEMV(gemv_fp16_neon, 2, load4_fp16, load1_fp16)
-NM_DEFINE_GEMV(gemv_bf16_neon, 2, load4_bf16, load1_bf16)
+NM_DEFINE_GEMV(gemv_f32_neon, 4, load4_f32, nm_load1_f32)
+NM_DEFINE_GEMV(gemv_fp16_neon, 2, load4_fp16, nm_load1_fp16)
+NM_DEFINE_GEMV(gemv_bf16_neon, 2, load4_bf16, nm_load1_bf16)
 
 /* ---- packing: rows outer, 8-wide slivers inner --------------------------------------- */
 
@@ -120,9 +106,9 @@ NM_DEFINE_GEMV(gemv_bf16_neon, 2, load4_bf16, load1_bf16)
         }                                                                                    \
     }
 
-NM_DEFINE_PACK(pack_f32_neon, 4, load4_f32, load1_f32)
-NM_DEFINE_PACK(pack_fp16_neon, 2, load4_fp16, load1_fp16)
-NM_DEFINE_PACK(pack_bf16_neon, 2, load4_bf16, load1_bf16)
+NM_DEFINE_PACK(pack_f32_neon, 4, load4_f32, nm_load1_f32)
+NM_DEFINE_PACK(pack_fp16_neon, 2, load4_fp16, nm_load1_fp16)
+NM_DEFINE_PACK(pack_bf16_neon, 2, load4_bf16, nm_load1_bf16)
 
 /* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers --------------- */
 
@@ -177,13 +163,8 @@ static void encode_fp16_neon(const float *src, uint16_t *dst, int64_t n) {
     for (; i < n; ++i) dst[i] = nm_f32_to_fp16(src[i]);
 }
 
-static void decode_bf16_neon(const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_bf16_to_f32(src[i]);
-}
-
-static void encode_bf16_neon(const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
-}
+NM_DEFINE_CODEC_LOOP(decode_bf16_neon, uint16_t, float, nm_bf16_to_f32)
+NM_DEFINE_CODEC_LOOP(encode_bf16_neon, float, uint16_t, nm_f32_to_bf16)
 
 /* ---- limit probes --------------------------------------------------------------------- */
 

@@ -5,20 +5,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../codecs/codec_scalar.h"
+#include "../kernel_common.h"
 #include "../nm_kernels.h"
-
-static inline float load_f32(const uint8_t *p) {
-    float f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-
-static inline uint16_t load_u16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h); /* B may sit at any byte offset */
-    return h;
-}
 
 /* One definition of each gemv: straight i-p-j, B streamed row by row exactly once. */
 #define NM_DEFINE_GEMV(NAME, LOAD)                                                         \
@@ -31,9 +19,9 @@ static inline uint16_t load_u16(const uint8_t *p) {
         }                                                                                  \
     }
 
-NM_DEFINE_GEMV(gemv_f32_scalar, load_f32(row + 4 * j))
-NM_DEFINE_GEMV(gemv_fp16_scalar, nm_fp16_to_f32(load_u16(row + 2 * j)))
-NM_DEFINE_GEMV(gemv_bf16_scalar, nm_bf16_to_f32(load_u16(row + 2 * j)))
+NM_DEFINE_GEMV(gemv_f32_scalar, nm_load1_f32(row + 4 * j))
+NM_DEFINE_GEMV(gemv_fp16_scalar, nm_load1_fp16(row + 2 * j))
+NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
 
 #define NM_DEFINE_PACK(NAME, ITEMSIZE, DECODE)                                             \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,        \
@@ -51,12 +39,9 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_bf16_to_f32(load_u16(row + 2 * j)))
         }                                                                                  \
     }
 
-static inline float decode_fp16_at(const uint8_t *p) { return nm_fp16_to_f32(load_u16(p)); }
-static inline float decode_bf16_at(const uint8_t *p) { return nm_bf16_to_f32(load_u16(p)); }
-
-NM_DEFINE_PACK(pack_f32_scalar, 4, load_f32)
-NM_DEFINE_PACK(pack_fp16_scalar, 2, decode_fp16_at)
-NM_DEFINE_PACK(pack_bf16_scalar, 2, decode_bf16_at)
+NM_DEFINE_PACK(pack_f32_scalar, 4, nm_load1_f32)
+NM_DEFINE_PACK(pack_fp16_scalar, 2, nm_load1_fp16)
+NM_DEFINE_PACK(pack_bf16_scalar, 2, nm_load1_bf16)
 
 #define SCALAR_NR 8
 
@@ -75,18 +60,10 @@ static void ukernel_4x8_scalar(int64_t kc, int64_t mr, int64_t nr, const float *
     }
 }
 
-static void decode_fp16_scalar(const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_fp16_to_f32(src[i]);
-}
-static void decode_bf16_scalar(const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_bf16_to_f32(src[i]);
-}
-static void encode_fp16_scalar(const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_fp16(src[i]);
-}
-static void encode_bf16_scalar(const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = nm_f32_to_bf16(src[i]);
-}
+NM_DEFINE_CODEC_LOOP(decode_fp16_scalar, uint16_t, float, nm_fp16_to_f32)
+NM_DEFINE_CODEC_LOOP(decode_bf16_scalar, uint16_t, float, nm_bf16_to_f32)
+NM_DEFINE_CODEC_LOOP(encode_fp16_scalar, float, uint16_t, nm_f32_to_fp16)
+NM_DEFINE_CODEC_LOOP(encode_bf16_scalar, float, uint16_t, nm_f32_to_bf16)
 
 /* 8 independent scalar chains; the multiplier keeps values bounded and exact-free. */
 static float probe_fma_scalar(int64_t iters) {
