@@ -422,6 +422,11 @@ class Progress:
             self._bar.close()
 
 
+def _ms(v: float, width: int) -> str:
+    """Milliseconds with three decimals, or four significant digits below 0.1 ms."""
+    return f"{v:>{width}.3f}" if v >= 0.1 else f"{v:>{width}.4g}"
+
+
 def format_tables(limits: list[Limits], results: list[Result]) -> str:
     """Human tables: narrowmm against the limits and NumPy, then every system's time."""
     lines: list[str] = []
@@ -442,7 +447,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
             base = numpy.get((r.shape, r.m))
             ratio = f"{base.median_ms / r.median_ms:.2f}x" if base else "-"
             lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{r.format:<5}"
-                         f"{r.median_ms:>9.3f}{r.gbps:>8.1f}{r.gflops:>9.1f}"
+                         f"{_ms(r.median_ms, 9)}{r.gbps:>8.1f}{r.gflops:>9.1f}"
                          f"{r.pct_of_limit:>8.0f}%{ratio:>10}")
         systems = sorted({(r.system, r.format) for r in rs if r.system != "narrowmm"})
         nm_fmts = sorted({r.format for r in rs if r.system == "narrowmm"},
@@ -462,7 +467,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
             for s, f in cols:
                 hit = [r.median_ms for r in rs
                        if (r.system, r.format, r.shape, r.m) == (s, f, shape, m)]
-                row += f"{min(hit):>15.3f}" if hit else f"{'-':>15}"
+                row += _ms(min(hit), 15) if hit else f"{'-':>15}"
             lines.append(row)
     return "\n".join(lines)
 
