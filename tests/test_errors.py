@@ -126,6 +126,16 @@ def test_out_overlapping_inputs_is_rejected():
         nm.matmul(np.ones((2, K), np.float32), nm.Weights(wbuf[:K]), out=wbuf[K - 1:K + 1])
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_out_overlapping_x_with_a_bias_is_rejected_before_any_write(provider):
+    buf = np.arange(32, dtype=np.float32).reshape(4, 8)
+    before = buf.copy()
+    w = nm.Weights(np.ones((K, N), np.float16))
+    with nm.use_provider(provider), pytest.raises(ValueError, match="shares memory"):
+        nm.matmul(buf[:2, :K], w, out=buf[1:3, :N], bias=np.ones(N, np.float32))
+    np.testing.assert_array_equal(buf, before)
+
+
 def test_accumulate_needs_out(w, x):
     with pytest.raises(ValueError, match="accumulate=True needs an out"):
         nm.matmul(x, w, accumulate=True)

@@ -114,8 +114,9 @@ def matmul(
             raise ValueError("out is read-only")
         target = o[None, :] if vector else o
         kernel_out = target if _kernel_friendly(target) else None
-        # The native binding checks overlap itself before writing; elsewhere check here.
-        if (kernel_out is None or not provider.checks_overlap) and (
+        # The native binding checks overlap itself before writing; elsewhere (and before a
+        # bias is written into out) check here.
+        if (kernel_out is None or not provider.checks_overlap or bias is not None) and (
                 np.may_share_memory(o, xa) or np.may_share_memory(o, w.bits)):
             raise ValueError("out shares memory with x or the weights")
         if kernel_out is None:  # compute in a scratch array and copy back: any strides
