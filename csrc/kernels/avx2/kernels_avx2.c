@@ -104,7 +104,7 @@ NM_DEFINE_GEMV(gemv_f32_avx2, 4, load8_f32, nm_load1_f32)
 NM_DEFINE_GEMV(gemv_fp16_avx2, 2, load8_fp16, nm_load1_fp16)
 NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
 
-/* ---- packing: decode once into 16-wide float32 slivers ------------------------------ */
+/* ---- packing: decode once into 24-wide float32 slivers ------------------------------ */
 
 /* Rows outer, slivers inner: each row of the block is read as one contiguous run. While a
  * row is packed, the same row of the block the frame packs next is prefetched, so its DRAM
