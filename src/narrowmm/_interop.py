@@ -11,11 +11,6 @@ from typing import Any
 
 import numpy as np
 
-try:
-    import ml_dtypes as _ml_dtypes
-except ImportError:  # optional
-    _ml_dtypes = None
-
 
 class Bf16Bits(np.ndarray):
     """uint16 bit patterns known to be bfloat16 (used when ml_dtypes is absent)."""
@@ -38,7 +33,11 @@ def from_dlpack(obj: Any, what: str) -> np.ndarray:
         ) from exc
     if bf16:
         a = a.view(np.uint16)
-        a = a.view(_ml_dtypes.bfloat16) if _ml_dtypes is not None else a.view(Bf16Bits)
+        try:  # imported here, not at import time: only bfloat16 producers need it
+            import ml_dtypes
+        except ImportError:  # optional
+            return a.view(Bf16Bits)
+        a = a.view(ml_dtypes.bfloat16)
     return a
 
 
