@@ -5,6 +5,7 @@
 #ifndef NM_KERNEL_COMMON_H
 #define NM_KERNEL_COMMON_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -24,6 +25,26 @@ static inline uint16_t nm_load_u16(const uint8_t *p) {
 
 static inline float nm_load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(nm_load_u16(p)); }
 static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_load_u16(p)); }
+
+/* One row of a partial sliver: the w < nr decoded columns at src, zero-padded to nr. */
+#define NM_PACK_PARTIAL_ROW(out, src, ITEM, w, nr, LOAD1)                                    \
+    do {                                                                                     \
+        for (int64_t j_ = 0; j_ < (w); ++j_) (out)[j_] = LOAD1((src) + (ITEM) * j_);         \
+        for (int64_t j_ = (w); j_ < (nr); ++j_) (out)[j_] = 0.0f;                            \
+    } while (0)
+
+/* The columns j..n-1 a vector gemv step leaves over: rows b0..b3 (weights a[p..p+3]), one
+ * fmaf per row, in order. */
+#define NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                            \
+    for (; (j) < (n); ++(j)) {                                                               \
+        const int64_t o_ = (ITEM) * (j);                                                     \
+        float c_ = (c)[j];                                                                   \
+        c_ = fmaf((a)[p], LOAD1((b0) + o_), c_);                                             \
+        c_ = fmaf((a)[(p) + 1], LOAD1((b1) + o_), c_);                                       \
+        c_ = fmaf((a)[(p) + 2], LOAD1((b2) + o_), c_);                                       \
+        c_ = fmaf((a)[(p) + 3], LOAD1((b3) + o_), c_);                                       \
+        (c)[j] = c_;                                                                         \
+    }
 
 /* An array codec named NAME applying the scalar codec FN element by element. */
 #define NM_DEFINE_CODEC_LOOP(NAME, IN, OUT, FN)                                              \

@@ -71,6 +71,9 @@ typedef struct nm_kernel_row {
     nm_probe_read_fn probe_read;
 } nm_kernel_row;
 
+/* Set a slot of a row and the C name it is reported by: NM_SET_SLOT(row, gemv, fmt, fn). */
+#define NM_SET_SLOT(row, slot, fmt, fn) ((row)->slot[fmt] = (fn), (row)->slot##_name[fmt] = #fn)
+
 /* Each ISA folder provides one function filling a row; a SIMD row starts as a copy of the
  * scalar row and overrides the slots it implements, so no slot is ever empty. */
 void nm_fill_row_scalar(nm_kernel_row *row);

@@ -79,15 +79,7 @@ static inline __m256 load8_bf16(const uint8_t *p) {
                 c0 = _mm256_fmadd_ps(a3, LOAD8(b3 + o), c0);                                 \
                 _mm256_storeu_ps(c + j, c0);                                                 \
             }                                                                                \
-            for (; j < n; ++j) {                                                             \
-                const int64_t o = (ITEM) * j;                                                \
-                float cj = c[j];                                                             \
-                cj = fmaf(a[p], LOAD1(b0 + o), cj);                                          \
-                cj = fmaf(a[p + 1], LOAD1(b1 + o), cj);                                      \
-                cj = fmaf(a[p + 2], LOAD1(b2 + o), cj);                                      \
-                cj = fmaf(a[p + 3], LOAD1(b3 + o), cj);                                      \
-                c[j] = cj;                                                                   \
-            }                                                                                \
+            NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                        \
         }                                                                                    \
         for (; p < k; ++p) {                                                                 \
             const __m256 a0 = _mm256_set1_ps(a[p]);                                          \
@@ -127,9 +119,8 @@ NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
             }                                                                                \
             for (; j0 < nc; j0 += nr) {                                                      \
                 const int64_t w = nc - j0 < nr ? nc - j0 : nr;                               \
-                float *out = dst + (j0 / nr) * kc * nr + p * nr;                             \
-                for (int64_t j = 0; j < w; ++j) out[j] = LOAD1(src + (ITEM) * (j0 + j));     \
-                for (int64_t j = w; j < nr; ++j) out[j] = 0.0f;                              \
+                NM_PACK_PARTIAL_ROW(dst + (j0 / nr) * kc * nr + p * nr, src + (ITEM) * j0,  \
+                                    ITEM, w, nr, LOAD1);                                     \
             }                                                                                \
         }                                                                                    \
     }
@@ -259,8 +250,6 @@ static float probe_read_avx2(const float *buf, int64_t n) {
     return out[0] + out[7];
 }
 
-#define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
-
 void nm_fill_row_avx2(nm_kernel_row *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx2";
@@ -268,18 +257,18 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     row->nr = NR;
     row->kc = 256;
     row->nc = 240; /* ten slivers */
-    SET(gemv, NM_FMT_F32, gemv_f32_avx2);
-    SET(gemv, NM_FMT_FP16, gemv_fp16_avx2);
-    SET(gemv, NM_FMT_BF16, gemv_bf16_avx2);
-    SET(pack, NM_FMT_F32, pack_f32_avx2);
-    SET(pack, NM_FMT_FP16, pack_fp16_avx2);
-    SET(pack, NM_FMT_BF16, pack_bf16_avx2);
+    NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_avx2);
+    NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_avx2);
+    NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_avx2);
+    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_avx2);
+    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_avx2);
+    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_avx2);
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";
-    SET(decode, NM_FMT_FP16, decode_fp16_avx2);
-    SET(decode, NM_FMT_BF16, decode_bf16_avx2);
-    SET(encode, NM_FMT_FP16, encode_fp16_avx2);
-    SET(encode, NM_FMT_BF16, encode_bf16_avx2);
+    NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_avx2);
+    NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_avx2);
+    NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_avx2);
+    NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_avx2);
     row->probe_fma = probe_fma_avx2;
     row->probe_fma_flops = 12 * 8 * 2;
     row->probe_read = probe_read_avx2;

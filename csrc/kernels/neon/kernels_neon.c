@@ -58,15 +58,7 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
                 vst1q_f32(c + j + 8, c2);                                                    \
                 vst1q_f32(c + j + 12, c3);                                                   \
             }                                                                                \
-            for (; j < n; ++j) {                                                             \
-                const int64_t o = (ITEM) * j;                                                \
-                float cj = c[j];                                                             \
-                cj = fmaf(a0, LOAD1(b0 + o), cj);                                            \
-                cj = fmaf(a1, LOAD1(b1 + o), cj);                                            \
-                cj = fmaf(a2, LOAD1(b2 + o), cj);                                            \
-                cj = fmaf(a3, LOAD1(b3 + o), cj);                                            \
-                c[j] = cj;                                                                   \
-            }                                                                                \
+            NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                        \
         }                                                                                    \
         for (; p < k; ++p) {                                                                 \
             const float32x4_t a0 = vdupq_n_f32(a[p]);                                        \
@@ -99,9 +91,8 @@ NM_DEFINE_GEMV(gemv_bf16_neon, 2, load4_bf16, nm_load1_bf16)
             }                                                                                \
             for (; j0 < nc; j0 += nr) {                                                      \
                 const int64_t w = nc - j0 < nr ? nc - j0 : nr;                               \
-                float *out = dst + (j0 / nr) * kc * nr + p * nr;                             \
-                for (int64_t j = 0; j < w; ++j) out[j] = LOAD1(src + (ITEM) * (j0 + j));     \
-                for (int64_t j = w; j < nr; ++j) out[j] = 0.0f;                              \
+                NM_PACK_PARTIAL_ROW(dst + (j0 / nr) * kc * nr + p * nr, src + (ITEM) * j0,  \
+                                    ITEM, w, nr, LOAD1);                                     \
             }                                                                                \
         }                                                                                    \
     }
@@ -191,8 +182,6 @@ static float probe_read_neon(const float *buf, int64_t n) {
     return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
 }
 
-#define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
-
 void nm_fill_row_neon(nm_kernel_row *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "neon";
@@ -200,18 +189,18 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     row->nr = NR;
     row->kc = 256;
     row->nc = 256;
-    SET(gemv, NM_FMT_F32, gemv_f32_neon);
-    SET(gemv, NM_FMT_FP16, gemv_fp16_neon);
-    SET(gemv, NM_FMT_BF16, gemv_bf16_neon);
-    SET(pack, NM_FMT_F32, pack_f32_neon);
-    SET(pack, NM_FMT_FP16, pack_fp16_neon);
-    SET(pack, NM_FMT_BF16, pack_bf16_neon);
+    NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_neon);
+    NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_neon);
+    NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_neon);
+    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_neon);
+    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_neon);
+    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_neon);
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";
-    SET(decode, NM_FMT_FP16, decode_fp16_neon);
-    SET(decode, NM_FMT_BF16, decode_bf16_neon);
-    SET(encode, NM_FMT_FP16, encode_fp16_neon);
-    SET(encode, NM_FMT_BF16, encode_bf16_neon);
+    NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_neon);
+    NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_neon);
+    NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_neon);
+    NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_neon);
     row->probe_fma = probe_fma_neon;
     row->probe_fma_flops = 16 * 4 * 2;
     row->probe_read = probe_read_neon;

@@ -30,12 +30,9 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
         for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                          \
             int64_t w = nc - j0 < nr ? nc - j0 : nr;                                       \
             float *sliver = dst + (j0 / nr) * kc * nr;                                     \
-            for (int64_t p = 0; p < kc; ++p) {                                             \
-                const uint8_t *src = b + p * ldb + (ITEMSIZE) * j0;                        \
-                float *out = sliver + p * nr;                                              \
-                for (int64_t j = 0; j < w; ++j) out[j] = DECODE(src + (ITEMSIZE) * j);     \
-                for (int64_t j = w; j < nr; ++j) out[j] = 0.0f;                            \
-            }                                                                              \
+            for (int64_t p = 0; p < kc; ++p)                                               \
+                NM_PACK_PARTIAL_ROW(sliver + p * nr, b + p * ldb + (ITEMSIZE) * j0,        \
+                                    ITEMSIZE, w, nr, DECODE);                              \
         }                                                                                  \
     }
 
@@ -85,8 +82,6 @@ static float probe_read_scalar(const float *buf, int64_t n) {
     return s;
 }
 
-#define SET(slot, fmt, fn) (row->slot[fmt] = fn, row->slot##_name[fmt] = #fn)
-
 void nm_fill_row_scalar(nm_kernel_row *row) {
     memset(row, 0, sizeof *row);
     row->isa = "scalar";
@@ -94,18 +89,18 @@ void nm_fill_row_scalar(nm_kernel_row *row) {
     row->nr = SCALAR_NR;
     row->kc = 256;
     row->nc = 256;
-    SET(gemv, NM_FMT_F32, gemv_f32_scalar);
-    SET(gemv, NM_FMT_FP16, gemv_fp16_scalar);
-    SET(gemv, NM_FMT_BF16, gemv_bf16_scalar);
-    SET(pack, NM_FMT_F32, pack_f32_scalar);
-    SET(pack, NM_FMT_FP16, pack_fp16_scalar);
-    SET(pack, NM_FMT_BF16, pack_bf16_scalar);
+    NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_scalar);
+    NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_scalar);
+    NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_scalar);
+    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_scalar);
+    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_scalar);
+    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_scalar);
     row->ukernel = ukernel_4x8_scalar;
     row->ukernel_name = "ukernel_4x8_scalar";
-    SET(decode, NM_FMT_FP16, decode_fp16_scalar);
-    SET(decode, NM_FMT_BF16, decode_bf16_scalar);
-    SET(encode, NM_FMT_FP16, encode_fp16_scalar);
-    SET(encode, NM_FMT_BF16, encode_bf16_scalar);
+    NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_scalar);
+    NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_scalar);
+    NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_scalar);
+    NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_scalar);
     row->probe_fma = probe_fma_scalar;
     row->probe_fma_flops = 8 * 2;
     row->probe_read = probe_read_scalar;
