@@ -90,6 +90,10 @@ def test_weights_are_memory_mapped_views(tmp_path, rng):
     assert_same_bits(nm.matmul(x, weights), nm.matmul(x, nm.Weights(w)))
 
 
+def _raw_file(header: bytes) -> bytes:
+    return struct.pack("<Q", len(header)) + header
+
+
 def _valid_header(data_len=24):
     return {"w": {"dtype": "F16", "shape": [3, 4], "data_offsets": [0, 24]}}
 
@@ -102,6 +106,14 @@ MALFORMED = [
     ("not json", None, struct.pack("<Q", 5) + b"{abc}", r"header is not JSON"),
     ("not object", None, struct.pack("<Q", 2) + b"[]", r"must be a JSON object, got list"),
     ("entry not object", {"w": 5}, b"", r"tensor 'w': entry must be an object"),
+    # found by tests/fuzz/fuzz_safetensors.py: a list is unhashable, so the dtype lookup
+    # raised TypeError instead of the loader's error
+    ("dtype not a string", {"w": {"dtype": ["F16"], "shape": [1], "data_offsets": [0, 2]}},
+     b"xx", r"tensor 'w': unknown dtype \['F16'\]"),
+    ("duplicate name", None,
+     _raw_file(b'{"w": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}, '
+               b'"w": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}}') + b"xx",
+     r"header names 'w' twice"),
     ("unknown dtype", {"w": {"dtype": "F12", "shape": [1], "data_offsets": [0, 2]}}, b"xx",
      r"tensor 'w': unknown dtype 'F12'"),
     ("bad shape", {"w": {"dtype": "F16", "shape": [-1, 2], "data_offsets": [0, 4]}}, b"x" * 4,

@@ -61,6 +61,21 @@ def _fail(path: str, problem: str) -> SafetensorsError:
     return SafetensorsError(f"{path}: {problem}")
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object that names a key twice means two things; refuse it rather than keep
+    whichever came last, as json.loads would."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _parse_header(path: str, raw: bytes, file_size: int) -> tuple[dict[str, TensorInfo],
                                                                     dict[str, str]]:
     if len(raw) < 8:
@@ -77,9 +92,11 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> tuple[dict[str, Tens
     except UnicodeDecodeError as exc:
         raise _fail(path, f"header is not UTF-8 ({exc.reason} at byte {8 + exc.start})") from None
     try:
-        header = json.loads(text)
+        header = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise _fail(path, f"header is not JSON ({exc.msg} at character {exc.pos})") from None
+    except _DuplicateKey as exc:
+        raise _fail(path, f"header names {exc.args[0]!r} twice") from None
     if not isinstance(header, dict):
         raise _fail(path, f"header must be a JSON object, got {type(header).__name__}")
     data_start = 8 + n
@@ -115,7 +132,7 @@ def _parse_entry(path: str, name: str, entry: object, data_start: int,
     if not isinstance(entry, dict):
         raise _fail(path, f"{where}: entry must be an object, got {type(entry).__name__}")
     dtype = entry.get("dtype")
-    if dtype not in _DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise _fail(path, f"{where}: unknown dtype {dtype!r}")
     shape = entry.get("shape")
     if not isinstance(shape, list) or not all(
