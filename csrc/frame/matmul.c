@@ -21,8 +21,12 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 };
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of
- * 64-byte lines of B for every format and of slivers for every row (NR <= 64). */
-#define NM_COLUMN_GRAIN 64
+ * 64-byte lines of B for every format (32 fp16/bf16, 16 f32 weights a line) and of slivers
+ * for every row (NR 8 or 24), so only the last range can end in a partial sliver. */
+#define NM_COLUMN_GRAIN 96
+/* At most this many rows of A are packed at once (2 MiB with kc = 256). Up to this m each
+ * weight is decoded once per call; beyond it, once per block of this many rows. */
+#define NM_A_BLOCK_ROWS 2048
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
  * cost more than it saves. */
 #define NM_PARALLEL_MIN_WORK ((int64_t)1 << 18)
@@ -47,40 +51,71 @@ static void zero_block(int64_t m, int64_t n, float *c, int64_t ldc) {
     for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
 }
 
-/* m > 1 on columns [j_begin, j_end). For each k block (ascending), walk the column blocks:
- * decode a kc x nc block of B once into a packed panel (read row by row), then sweep its
- * NR-wide slivers over every row of A. The k block of A (m x kc) stays in L1/L2 through the
- * whole walk; the pack kernel is told which block comes next so it can prefetch it. */
+/* Pack rows [0, m) of a k block of A (kc columns from a, leading dimension lda) into MR-row
+ * micro-panels: dst[(i / mr) * kc * mr + p * mr + i % mr] = a[i][p], rows past m zero. */
+static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t mr, float *dst) {
+    for (int64_t i0 = 0; i0 < m; i0 += mr) {
+        float *panel = dst + i0 * kc;
+        const int64_t rows = min64(mr, m - i0);
+        for (int64_t i = 0; i < rows; ++i) {
+            const float *src = a + (i0 + i) * lda;
+            for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = src[p];
+        }
+        for (int64_t i = rows; i < mr; ++i)
+            for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = 0.0f;
+    }
+}
+
+/* m > 1 on columns [j_begin, j_end). For each k block (ascending) and block of rows, pack A
+ * once, then walk the columns one NR-wide sliver at a time: the first tile of a sliver
+ * decodes it from the weights while computing (ukernel_pack), the tiles below reuse the
+ * decoded sliver from L1. A sliver narrower than NR (the range's last) is packed first. */
 static int matmul_packed(const matmul_job *job, int64_t j_begin, int64_t j_end) {
     const nm_kernel_row *row = job->row;
     const int64_t itemsize = nm_format_table[job->fmt].itemsize;
     const int64_t mr = row->mr, nr = row->nr, kc_max = row->kc;
-    const int64_t nc_max = (row->nc + nr - 1) / nr * nr;
-    size_t bytes = ((size_t)(kc_max * nc_max) * sizeof(float) + 63) / 64 * 64;
-    float *panel = aligned_alloc(64, bytes);
-    if (!panel) return NM_ENOMEM;
+    const int64_t mc_max = min64(job->m, NM_A_BLOCK_ROWS / mr * mr);
+    const int64_t ldc = job->ldc;
+    const size_t a_bytes = (size_t)((mc_max + mr - 1) / mr * mr * kc_max) * sizeof(float);
+    const size_t b_bytes = (size_t)(kc_max * nr) * sizeof(float);
+    float *a_panel = aligned_alloc(64, (a_bytes + 63) / 64 * 64);
+    float *sliver = aligned_alloc(64, (b_bytes + 63) / 64 * 64);
+    if (!a_panel || !sliver) {
+        free(a_panel);
+        free(sliver);
+        return NM_ENOMEM;
+    }
     for (int64_t pc = 0; pc < job->k; pc += kc_max) {
         const int64_t kc = min64(kc_max, job->k - pc);
         const uint8_t *b_block = job->b + pc * job->ldb;
-        for (int64_t jc = j_begin; jc < j_end; jc += nc_max) {
-            const int64_t nc = min64(nc_max, j_end - jc);
-            const uint8_t *next = jc + nc_max < j_end ? b_block + (jc + nc_max) * itemsize
-                                  : pc + kc_max < job->k
-                                      ? b_block + kc_max * job->ldb + j_begin * itemsize
-                                      : NULL;
-            row->pack[job->fmt](kc, nc, b_block + jc * itemsize, job->ldb, (int)nr, panel,
-                                next);
-            for (int64_t jr = 0; jr < nc; jr += nr) {
-                const float *sliver = panel + (jr / nr) * kc * nr;
-                for (int64_t ic = 0; ic < job->m; ic += mr) {
-                    row->ukernel(kc, min64(mr, job->m - ic), min64(nr, nc - jr),
-                                 job->a + ic * job->lda + pc, job->lda, sliver,
-                                 job->c + ic * job->ldc + jc + jr, job->ldc);
+        for (int64_t ic0 = 0; ic0 < job->m; ic0 += mc_max) {
+            const int64_t mc = min64(mc_max, job->m - ic0);
+            pack_a(mc, kc, job->a + ic0 * job->lda + pc, job->lda, mr, a_panel);
+            float *c_block = job->c + ic0 * ldc;
+            for (int64_t jr = j_begin; jr < j_end; jr += nr) {
+                const int64_t w = min64(nr, j_end - jr);
+                const uint8_t *b_sliver = b_block + jr * itemsize;
+                for (int64_t ic = 0; ic < mc; ic += mr) {
+                    float *c_tile = c_block + ic * ldc + jr;
+                    /* the tile computed next: the one below, or the top of the next sliver */
+                    const float *c_next = ic + mr < mc ? c_tile + mr * ldc
+                                          : jr + nr < j_end ? c_block + jr + nr
+                                                            : NULL;
+                    const float *ap = a_panel + ic * kc;
+                    const int64_t rows = min64(mr, mc - ic);
+                    if (ic == 0 && w == nr) {
+                        row->ukernel_pack[job->fmt](kc, rows, ap, b_sliver, job->ldb, sliver,
+                                                    c_tile, ldc, c_next);
+                        continue;
+                    }
+                    if (ic == 0) row->pack[job->fmt](kc, w, b_sliver, job->ldb, (int)nr, sliver);
+                    row->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
                 }
             }
         }
     }
-    free(panel);
+    free(a_panel);
+    free(sliver);
     return NM_OK;
 }
 

@@ -46,6 +46,28 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
         (c)[j] = c_;                                                                         \
     }
 
+/* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
+ * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their
+ * results are dropped. CALL computes on `scratch` (leading dimension NR). */
+#define WITH_SCRATCH_TILE(mr, nr, c, ldc, CALL)                                              \
+    do {                                                                                     \
+        _Alignas(64) float scratch[MR * NR] = {0};                                           \
+        for (int64_t i_ = 0; i_ < (mr); ++i_)                                                \
+            memcpy(scratch + i_ * NR, (c) + i_ * (ldc), (size_t)(nr) * sizeof(float));      \
+        CALL;                                                                                \
+        for (int64_t i_ = 0; i_ < (mr); ++i_)                                                \
+            memcpy((c) + i_ * (ldc), scratch + i_ * NR, (size_t)(nr) * sizeof(float));      \
+    } while (0)
+
+/* A ukernel_pack made of the row's own parts, for rows without a fused one: pack the whole
+ * sliver, then run the microkernel on it. Same bits; the decode just is not overlapped. */
+#define NM_DEFINE_UKERNEL_PACK_BY_PARTS(NAME, PACK, UKERNEL, NR)                             \
+    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
+                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
+        PACK(kc, (NR), b, ldb, (NR), bp);                                                    \
+        UKERNEL(kc, mr, (NR), ap, bp, c, ldc, c_next);                                       \
+    }
+
 /* An array codec named NAME applying the scalar codec FN element by element. */
 #define NM_DEFINE_CODEC_LOOP(NAME, IN, OUT, FN)                                              \
     static void NAME(const IN *src, OUT *dst, int64_t n) {                                   \

@@ -26,18 +26,30 @@ typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *
 
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
- * with the last sliver zero-padded to nr columns. dst is 64-byte aligned.
- * `next` is a hint from the frame: the top-left of the block it will pack next (same ldb,
- * kc x nc at most), or NULL. A row may prefetch it; it must never be dereferenced. */
+ * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
+ * for slivers narrower than NR; whole slivers are decoded by ukernel_pack below. */
 typedef void (*nm_pack_fn)(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,
-                           float *dst, const uint8_t *next);
+                           float *dst);
 
 /* Register-blocked microkernel on one mr x nr tile of C (mr <= MR, nr <= NR of its row):
- *     c[i*ldc + j] = fma(a[i*lda + p], bp[p*NR + j], c[i*ldc + j])  for p = 0..kc-1
- * bp is one packed sliver (kc rows of NR floats, 64-byte aligned); only the mr x nr
- * elements of C are read or written. */
-typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *a,
-                              int64_t lda, const float *bp, float *c, int64_t ldc);
+ *     c[i*ldc + j] = fma(ap[p*MR + i], bp[p*NR + j], c[i*ldc + j])  for p = 0..kc-1
+ * ap is a packed A micro-panel (kc steps of MR floats, rows past mr are zero, 64-byte
+ * aligned); bp is one packed sliver (kc rows of NR floats, 64-byte aligned). Only the
+ * mr x nr elements of C are read or written. c_next is a hint: the C tile the frame
+ * computes next (same ldc), or NULL; a row may prefetch it, never dereference it. */
+typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *ap,
+                              const float *bp, float *c, int64_t ldc, const float *c_next);
+
+/* The microkernel that also packs: the first tile of a whole sliver (NR columns) reads B
+ * straight from the weights, decodes each row once, writes it to bp (as pack would, so the
+ * tiles below reuse it) and applies it to the tile with the same fma chain as ukernel:
+ *     bp[p*NR + j] = decode(B[p][j]);  c[i*ldc + j] = fma(ap[p*MR + i], bp[p*NR + j], c[...])
+ * Decoding while the FMAs run hides its cost and keeps the sliver in L1 for the next tiles.
+ * b is the sliver's top-left weight (any byte address); it may prefetch further along the
+ * same rows of B (a prefetch never faults) but reads only the kc x NR block. */
+typedef void (*nm_ukernel_pack_fn)(int64_t kc, int64_t mr, const float *ap, const uint8_t *b,
+                                   int64_t ldb, float *bp, float *c, int64_t ldc,
+                                   const float *c_next);
 
 /* Array codecs over n contiguous elements (no alignment needed). */
 typedef void (*nm_decode_fn)(const uint16_t *src, float *dst, int64_t n);
@@ -54,13 +66,15 @@ typedef float (*nm_probe_read_fn)(const float *buf, int64_t n);
 typedef struct nm_kernel_row {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
-    int64_t kc, nc;       /* k block and column block the frame uses with this row */
+    int64_t kc;           /* k block the frame uses with this row (a sliver is kc x nr) */
     nm_gemv_fn gemv[NM_FMT_COUNT];
     const char *gemv_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_FMT_COUNT];
     const char *pack_name[NM_FMT_COUNT];
     nm_ukernel_fn ukernel;
     const char *ukernel_name;
+    nm_ukernel_pack_fn ukernel_pack[NM_FMT_COUNT];
+    const char *ukernel_pack_name[NM_FMT_COUNT];
     /* codecs exist for the 16-bit formats only (f32 needs none) */
     nm_decode_fn decode[NM_FMT_COUNT];
     const char *decode_name[NM_FMT_COUNT];

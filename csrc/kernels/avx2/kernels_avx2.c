@@ -96,20 +96,14 @@ NM_DEFINE_GEMV(gemv_f32_avx2, 4, load8_f32, nm_load1_f32)
 NM_DEFINE_GEMV(gemv_fp16_avx2, 2, load8_fp16, nm_load1_fp16)
 NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
 
-/* ---- packing: decode once into 24-wide float32 slivers ------------------------------ */
+/* ---- packing a narrow sliver (the frame's last, partial one) ------------------------ */
 
-/* Rows outer, slivers inner: each row of the block is read as one contiguous run. While a
- * row is packed, the same row of the block the frame packs next is prefetched, so its DRAM
- * reads overlap this block's compute. */
 #define NM_DEFINE_PACK(NAME, ITEM, LOAD8, LOAD1)                                             \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
-                     float *dst, const uint8_t *next) {                                      \
+                     float *dst) {                                                           \
         const int64_t full = nr == NR ? nc / NR * NR : 0; /* columns in whole slivers */    \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
-            if (next)                                                                        \
-                for (int64_t o = 0; o < nc * (ITEM); o += 64)                                \
-                    _mm_prefetch((const char *)(next + p * ldb + o), _MM_HINT_T1);           \
             int64_t j0 = 0;                                                                  \
             for (; j0 < full; j0 += NR) {                                                    \
                 float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \
@@ -134,57 +128,118 @@ NM_DEFINE_PACK(pack_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
  * array of __m256 gets spilled to the stack on every step. Four rows divide the batch sizes
  * that matter (16, 128) exactly, and need fewer broadcasts per FMA than six. */
 
-static void tile_4x24(int64_t kc, const float *a0, const float *a1, const float *a2,
-                      const float *a3, const float *bp, float *c, int64_t ldc) {
-    float *c0p = c, *c1p = c + ldc, *c2p = c + 2 * ldc, *c3p = c + 3 * ldc;
-    __m256 c00 = _mm256_loadu_ps(c0p), c01 = _mm256_loadu_ps(c0p + 8), c02 = _mm256_loadu_ps(c0p + 16);
-    __m256 c10 = _mm256_loadu_ps(c1p), c11 = _mm256_loadu_ps(c1p + 8), c12 = _mm256_loadu_ps(c1p + 16);
-    __m256 c20 = _mm256_loadu_ps(c2p), c21 = _mm256_loadu_ps(c2p + 8), c22 = _mm256_loadu_ps(c2p + 16);
-    __m256 c30 = _mm256_loadu_ps(c3p), c31 = _mm256_loadu_ps(c3p + 8), c32 = _mm256_loadu_ps(c3p + 16);
+#define TILE_LOAD_C(c, ldc)                                                                  \
+    float *c0p = (c), *c1p = c0p + (ldc), *c2p = c1p + (ldc), *c3p = c2p + (ldc);           \
+    __m256 c00 = _mm256_loadu_ps(c0p), c01 = _mm256_loadu_ps(c0p + 8);                       \
+    __m256 c02 = _mm256_loadu_ps(c0p + 16), c10 = _mm256_loadu_ps(c1p);                      \
+    __m256 c11 = _mm256_loadu_ps(c1p + 8), c12 = _mm256_loadu_ps(c1p + 16);                  \
+    __m256 c20 = _mm256_loadu_ps(c2p), c21 = _mm256_loadu_ps(c2p + 8);                       \
+    __m256 c22 = _mm256_loadu_ps(c2p + 16), c30 = _mm256_loadu_ps(c3p);                      \
+    __m256 c31 = _mm256_loadu_ps(c3p + 8), c32 = _mm256_loadu_ps(c3p + 16);
+
+/* step p of every chain of the tile: row i of the tile times the three B vectors */
+#define TILE_FMA_STEP(ap, p, b0, b1, b2)                                                     \
+    do {                                                                                     \
+        __m256 ai = _mm256_broadcast_ss((ap) + (p) * MR);                                    \
+        c00 = _mm256_fmadd_ps(ai, b0, c00);                                                  \
+        c01 = _mm256_fmadd_ps(ai, b1, c01);                                                  \
+        c02 = _mm256_fmadd_ps(ai, b2, c02);                                                  \
+        ai = _mm256_broadcast_ss((ap) + (p) * MR + 1);                                       \
+        c10 = _mm256_fmadd_ps(ai, b0, c10);                                                  \
+        c11 = _mm256_fmadd_ps(ai, b1, c11);                                                  \
+        c12 = _mm256_fmadd_ps(ai, b2, c12);                                                  \
+        ai = _mm256_broadcast_ss((ap) + (p) * MR + 2);                                       \
+        c20 = _mm256_fmadd_ps(ai, b0, c20);                                                  \
+        c21 = _mm256_fmadd_ps(ai, b1, c21);                                                  \
+        c22 = _mm256_fmadd_ps(ai, b2, c22);                                                  \
+        ai = _mm256_broadcast_ss((ap) + (p) * MR + 3);                                       \
+        c30 = _mm256_fmadd_ps(ai, b0, c30);                                                  \
+        c31 = _mm256_fmadd_ps(ai, b1, c31);                                                  \
+        c32 = _mm256_fmadd_ps(ai, b2, c32);                                                  \
+    } while (0)
+
+#define TILE_STORE_C()                                                                       \
+    _mm256_storeu_ps(c0p, c00), _mm256_storeu_ps(c0p + 8, c01);                              \
+    _mm256_storeu_ps(c0p + 16, c02), _mm256_storeu_ps(c1p, c10);                             \
+    _mm256_storeu_ps(c1p + 8, c11), _mm256_storeu_ps(c1p + 16, c12);                         \
+    _mm256_storeu_ps(c2p, c20), _mm256_storeu_ps(c2p + 8, c21);                              \
+    _mm256_storeu_ps(c2p + 16, c22), _mm256_storeu_ps(c3p, c30);                             \
+    _mm256_storeu_ps(c3p + 8, c31), _mm256_storeu_ps(c3p + 16, c32);
+
+/* The next tile's C rows come from L3 or DRAM when m x n is large; asking for them now
+ * hides that latency behind this tile's kc steps. A macro, not a function: GCC 12 takes a
+ * static function that only prefetches for one without effects and deletes its calls. */
+#define PREFETCH_C_TILE(c_next, ldc)                                                         \
+    do {                                                                                     \
+        if (c_next)                                                                          \
+            for (int i_ = 0; i_ < MR; ++i_) {                                                \
+                const char *r_ = (const char *)((c_next) + i_ * (ldc));                      \
+                _mm_prefetch(r_, _MM_HINT_T0);                                               \
+                _mm_prefetch(r_ + 64, _MM_HINT_T0);                                          \
+                _mm_prefetch(r_ + NR * sizeof(float) - 1, _MM_HINT_T0);                      \
+            }                                                                                \
+    } while (0)
+
+static void tile_4x24(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
+                      const float *c_next) {
+    PREFETCH_C_TILE(c_next, ldc);
+    TILE_LOAD_C(c, ldc)
     for (int64_t p = 0; p < kc; ++p) {
         const float *bq = bp + p * NR;
         const __m256 b0 = _mm256_load_ps(bq), b1 = _mm256_load_ps(bq + 8),
                      b2 = _mm256_load_ps(bq + 16);
-        __m256 ai = _mm256_broadcast_ss(a0 + p);
-        c00 = _mm256_fmadd_ps(ai, b0, c00);
-        c01 = _mm256_fmadd_ps(ai, b1, c01);
-        c02 = _mm256_fmadd_ps(ai, b2, c02);
-        ai = _mm256_broadcast_ss(a1 + p);
-        c10 = _mm256_fmadd_ps(ai, b0, c10);
-        c11 = _mm256_fmadd_ps(ai, b1, c11);
-        c12 = _mm256_fmadd_ps(ai, b2, c12);
-        ai = _mm256_broadcast_ss(a2 + p);
-        c20 = _mm256_fmadd_ps(ai, b0, c20);
-        c21 = _mm256_fmadd_ps(ai, b1, c21);
-        c22 = _mm256_fmadd_ps(ai, b2, c22);
-        ai = _mm256_broadcast_ss(a3 + p);
-        c30 = _mm256_fmadd_ps(ai, b0, c30);
-        c31 = _mm256_fmadd_ps(ai, b1, c31);
-        c32 = _mm256_fmadd_ps(ai, b2, c32);
+        TILE_FMA_STEP(ap, p, b0, b1, b2);
     }
-    _mm256_storeu_ps(c0p, c00), _mm256_storeu_ps(c0p + 8, c01), _mm256_storeu_ps(c0p + 16, c02);
-    _mm256_storeu_ps(c1p, c10), _mm256_storeu_ps(c1p + 8, c11), _mm256_storeu_ps(c1p + 16, c12);
-    _mm256_storeu_ps(c2p, c20), _mm256_storeu_ps(c2p + 8, c21), _mm256_storeu_ps(c2p + 16, c22);
-    _mm256_storeu_ps(c3p, c30), _mm256_storeu_ps(c3p + 8, c31), _mm256_storeu_ps(c3p + 16, c32);
+    TILE_STORE_C()
 }
 
-static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a, int64_t lda,
-                              const float *bp, float *c, int64_t ldc) {
+static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *ap,
+                              const float *bp, float *c, int64_t ldc, const float *c_next) {
     if (mr == MR && nr == NR) {
-        tile_4x24(kc, a, a + lda, a + 2 * lda, a + 3 * lda, bp, c, ldc);
+        tile_4x24(kc, ap, bp, c, ldc, c_next);
         return;
     }
-    /* An edge tile runs on a full-size scratch copy, so only mr x nr of C is touched; rows
-     * past mr re-read A's last row (valid memory) and their results are thrown away. */
-    _Alignas(32) float tmp[MR * NR];
-    const float *ar[MR];
-    for (int64_t i = 0; i < MR; ++i) {
-        ar[i] = a + (i < mr ? i : mr - 1) * lda;
-        if (i < mr) memcpy(tmp + i * NR, c + i * ldc, (size_t)nr * sizeof(float));
-    }
-    tile_4x24(kc, ar[0], ar[1], ar[2], ar[3], bp, tmp, NR);
-    for (int64_t i = 0; i < mr; ++i) memcpy(c + i * ldc, tmp + i * NR, (size_t)nr * sizeof(float));
+    WITH_SCRATCH_TILE(mr, nr, c, ldc, tile_4x24(kc, ap, bp, scratch, NR, c_next));
 }
+
+/* ---- the first tile of a sliver, decoding B on the way ------------------------------
+ * Each step converts one row of the sliver (3 x 8 weights), stores it for the tiles below
+ * and feeds the same registers to the 12 FMAs, so the decode rides along with the
+ * arithmetic instead of costing a pass of its own. B is read 48 or 96 bytes per row across
+ * kc rows, a pattern the hardware prefetchers do not follow, so each step asks for the same
+ * row B_AHEAD weights further on, about five slivers ahead. */
+#define B_AHEAD 128
+
+#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD8)                                      \
+    static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
+                     float *c, int64_t ldc, const float *c_next) {                           \
+        PREFETCH_C_TILE(c_next, ldc);                                                        \
+        TILE_LOAD_C(c, ldc)                                                                  \
+        for (int64_t p = 0; p < kc; ++p) {                                                   \
+            const uint8_t *src = b + p * ldb;                                                \
+            _mm_prefetch((const char *)(src + (ITEM) * B_AHEAD), _MM_HINT_T0);               \
+            const __m256 b0 = LOAD8(src), b1 = LOAD8(src + 8 * (ITEM)),                      \
+                         b2 = LOAD8(src + 16 * (ITEM));                                      \
+            float *bq = bp + p * NR;                                                         \
+            _mm256_store_ps(bq, b0);                                                         \
+            _mm256_store_ps(bq + 8, b1);                                                     \
+            _mm256_store_ps(bq + 16, b2);                                                    \
+            TILE_FMA_STEP(ap, p, b0, b1, b2);                                                \
+        }                                                                                    \
+        TILE_STORE_C()                                                                       \
+    }                                                                                        \
+    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
+                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
+        if (mr == MR) {                                                                      \
+            TILE(kc, ap, b, ldb, bp, c, ldc, c_next);                                        \
+            return;                                                                          \
+        }                                                                                    \
+        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next));    \
+    }
+
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx2, tile_pack_f32, 4, load8_f32)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx2, tile_pack_fp16, 2, load8_fp16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx2, tile_pack_bf16, 2, load8_bf16)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
@@ -255,8 +310,7 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     row->isa = "avx2";
     row->mr = MR;
     row->nr = NR;
-    row->kc = 256;
-    row->nc = 240; /* ten slivers */
+    row->kc = 256; /* a 24 KiB sliver, which the tiles below the first reuse from L1 */
     NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_avx2);
     NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_avx2);
     NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_avx2);
@@ -265,6 +319,9 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_avx2);
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_avx2);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_FP16, ukernel_pack_fp16_avx2);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_BF16, ukernel_pack_bf16_avx2);
     NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_avx2);
     NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_avx2);
     NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_avx2);

@@ -74,15 +74,14 @@ NM_DEFINE_GEMV(gemv_f32_neon, 4, load4_f32, nm_load1_f32)
 NM_DEFINE_GEMV(gemv_fp16_neon, 2, load4_fp16, nm_load1_fp16)
 NM_DEFINE_GEMV(gemv_bf16_neon, 2, load4_bf16, nm_load1_bf16)
 
-/* ---- packing: rows outer, 8-wide slivers inner --------------------------------------- */
+/* ---- packing a narrow sliver (the frame's last, partial one) ------------------------ */
 
 #define NM_DEFINE_PACK(NAME, ITEM, LOAD4, LOAD1)                                             \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
-                     float *dst, const uint8_t *next) {                                      \
+                     float *dst) {                                                           \
         const int64_t full = nr == NR ? nc / NR * NR : 0;                                    \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
-            if (next) __builtin_prefetch(next + p * ldb);                                    \
             int64_t j0 = 0;                                                                  \
             for (; j0 < full; j0 += NR) {                                                    \
                 float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \
@@ -101,43 +100,71 @@ NM_DEFINE_PACK(pack_f32_neon, 4, load4_f32, nm_load1_f32)
 NM_DEFINE_PACK(pack_fp16_neon, 2, load4_fp16, nm_load1_fp16)
 NM_DEFINE_PACK(pack_bf16_neon, 2, load4_bf16, nm_load1_bf16)
 
-/* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers --------------- */
+/* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers ---------------
+ * Packed A gives the 8 multipliers of step p as two contiguous vectors; each is applied
+ * with a by-lane fma (vfmaq_laneq_f32: a plain fused multiply-add by one lane). */
 
-static void tile_8x8(int64_t kc, const float *const ar[MR], const float *bp, float *c,
-                     int64_t ldc) {
-    float32x4_t lo[MR], hi[MR];
-    for (int i = 0; i < MR; ++i) {
-        lo[i] = vld1q_f32(c + i * ldc);
-        hi[i] = vld1q_f32(c + i * ldc + 4);
-    }
-    for (int64_t p = 0; p < kc; ++p) {
-        const float32x4_t b0 = vld1q_f32(bp + p * NR), b1 = vld1q_f32(bp + p * NR + 4);
-        for (int i = 0; i < MR; ++i) {
-            const float32x4_t ai = vdupq_n_f32(ar[i][p]);
-            lo[i] = vfmaq_f32(lo[i], ai, b0);
-            hi[i] = vfmaq_f32(hi[i], ai, b1);
-        }
-    }
-    for (int i = 0; i < MR; ++i) {
-        vst1q_f32(c + i * ldc, lo[i]);
-        vst1q_f32(c + i * ldc + 4, hi[i]);
-    }
+/* row i of the tile, step p: fma by lane l of the A vector v */
+#define LANE_STEP(i, v, l)                                                                   \
+    (lo[i] = vfmaq_laneq_f32(lo[i], b0, v, l), hi[i] = vfmaq_laneq_f32(hi[i], b1, v, l))
+
+#define TILE_8X8_BODY(c, ldc, B_STEP)                                                        \
+    do {                                                                                     \
+        float32x4_t lo[MR], hi[MR];                                                          \
+        for (int i = 0; i < MR; ++i) {                                                       \
+            lo[i] = vld1q_f32((c) + i * (ldc));                                              \
+            hi[i] = vld1q_f32((c) + i * (ldc) + 4);                                          \
+        }                                                                                    \
+        for (int64_t p = 0; p < kc; ++p) {                                                   \
+            float32x4_t b0, b1;                                                              \
+            B_STEP;                                                                          \
+            const float32x4_t a03 = vld1q_f32(ap + p * MR);                                  \
+            const float32x4_t a47 = vld1q_f32(ap + p * MR + 4);                              \
+            LANE_STEP(0, a03, 0), LANE_STEP(1, a03, 1), LANE_STEP(2, a03, 2);                \
+            LANE_STEP(3, a03, 3), LANE_STEP(4, a47, 0), LANE_STEP(5, a47, 1);                \
+            LANE_STEP(6, a47, 2), LANE_STEP(7, a47, 3);                                      \
+        }                                                                                    \
+        for (int i = 0; i < MR; ++i) {                                                       \
+            vst1q_f32((c) + i * (ldc), lo[i]);                                               \
+            vst1q_f32((c) + i * (ldc) + 4, hi[i]);                                           \
+        }                                                                                    \
+    } while (0)
+
+static void tile_8x8(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc) {
+    TILE_8X8_BODY(c, ldc, (b0 = vld1q_f32(bp + p * NR), b1 = vld1q_f32(bp + p * NR + 4)));
 }
 
-static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *a, int64_t lda,
-                             const float *bp, float *c, int64_t ldc) {
-    const float *ar[MR];
-    for (int64_t i = 0; i < MR; ++i) ar[i] = a + (i < mr ? i : mr - 1) * lda;
+static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *ap,
+                             const float *bp, float *c, int64_t ldc, const float *c_next) {
+    (void)c_next; /* C comes from L2 on the cores this row has been measured on: none */
     if (mr == MR && nr == NR) {
-        tile_8x8(kc, ar, bp, c, ldc);
+        tile_8x8(kc, ap, bp, c, ldc);
         return;
     }
-    /* an edge tile runs on a full-size scratch copy; rows past mr re-read A's last row */
-    float tmp[MR * NR];
-    for (int64_t i = 0; i < mr; ++i) memcpy(tmp + i * NR, c + i * ldc, (size_t)nr * sizeof(float));
-    tile_8x8(kc, ar, bp, tmp, NR);
-    for (int64_t i = 0; i < mr; ++i) memcpy(c + i * ldc, tmp + i * NR, (size_t)nr * sizeof(float));
+    WITH_SCRATCH_TILE(mr, nr, c, ldc, tile_8x8(kc, ap, bp, scratch, NR));
 }
+
+/* The first tile of a whole sliver decodes B as it goes (see nm_kernels.h). */
+#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD4)                                      \
+    static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
+                     float *c, int64_t ldc) {                                                \
+        TILE_8X8_BODY(c, ldc,                                                                \
+                      (b0 = LOAD4(b + p * ldb), b1 = LOAD4(b + p * ldb + 4 * (ITEM)),        \
+                       vst1q_f32(bp + p * NR, b0), vst1q_f32(bp + p * NR + 4, b1)));         \
+    }                                                                                        \
+    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
+                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
+        (void)c_next;                                                                        \
+        if (mr == MR) {                                                                      \
+            TILE(kc, ap, b, ldb, bp, c, ldc);                                                \
+            return;                                                                          \
+        }                                                                                    \
+        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR));            \
+    }
+
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_neon, tile_pack_f32, 4, load4_f32)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_neon, tile_pack_fp16, 2, load4_fp16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_neon, tile_pack_bf16, 2, load4_bf16)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
@@ -188,7 +215,6 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     row->mr = MR;
     row->nr = NR;
     row->kc = 256;
-    row->nc = 256;
     NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_neon);
     NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_neon);
     NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_neon);
@@ -197,6 +223,9 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_neon);
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_neon);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_FP16, ukernel_pack_fp16_neon);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_BF16, ukernel_pack_bf16_neon);
     NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_neon);
     NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_neon);
     NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_neon);

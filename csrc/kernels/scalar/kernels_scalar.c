@@ -25,8 +25,7 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
 
 #define NM_DEFINE_PACK(NAME, ITEMSIZE, DECODE)                                             \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,        \
-                     float *dst, const uint8_t *next) {                                    \
-        (void)next; /* portable C has no prefetch */                                       \
+                     float *dst) {                                                         \
         for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                          \
             int64_t w = nc - j0 < nr ? nc - j0 : nr;                                       \
             float *sliver = dst + (j0 / nr) * kc * nr;                                     \
@@ -40,22 +39,32 @@ NM_DEFINE_PACK(pack_f32_scalar, 4, nm_load1_f32)
 NM_DEFINE_PACK(pack_fp16_scalar, 2, nm_load1_fp16)
 NM_DEFINE_PACK(pack_bf16_scalar, 2, nm_load1_bf16)
 
+#define SCALAR_MR 4
 #define SCALAR_NR 8
 
-/* i-p-j over one tile: each C element still sees p ascending. */
-static void ukernel_4x8_scalar(int64_t kc, int64_t mr, int64_t nr, const float *a,
-                               int64_t lda, const float *bp, float *c, int64_t ldc) {
+/* i-p-j over one tile: each C element still sees p ascending. Portable C has no prefetch,
+ * so the c_next hint is unused. */
+static void ukernel_4x8_scalar(int64_t kc, int64_t mr, int64_t nr, const float *ap,
+                               const float *bp, float *c, int64_t ldc, const float *c_next) {
+    (void)c_next;
     for (int64_t i = 0; i < mr; ++i) {
         float acc[SCALAR_NR];
         for (int64_t j = 0; j < nr; ++j) acc[j] = c[i * ldc + j];
         for (int64_t p = 0; p < kc; ++p) {
-            const float ap = a[i * lda + p];
+            const float a = ap[p * SCALAR_MR + i];
             const float *bj = bp + p * SCALAR_NR;
-            for (int64_t j = 0; j < nr; ++j) acc[j] = fmaf(ap, bj[j], acc[j]);
+            for (int64_t j = 0; j < nr; ++j) acc[j] = fmaf(a, bj[j], acc[j]);
         }
         for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] = acc[j];
     }
 }
+
+NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_f32_scalar, pack_f32_scalar, ukernel_4x8_scalar,
+                                SCALAR_NR)
+NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_fp16_scalar, pack_fp16_scalar, ukernel_4x8_scalar,
+                                SCALAR_NR)
+NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_bf16_scalar, pack_bf16_scalar, ukernel_4x8_scalar,
+                                SCALAR_NR)
 
 NM_DEFINE_CODEC_LOOP(decode_fp16_scalar, uint16_t, float, nm_fp16_to_f32)
 NM_DEFINE_CODEC_LOOP(decode_bf16_scalar, uint16_t, float, nm_bf16_to_f32)
@@ -85,10 +94,9 @@ static float probe_read_scalar(const float *buf, int64_t n) {
 void nm_fill_row_scalar(nm_kernel_row *row) {
     memset(row, 0, sizeof *row);
     row->isa = "scalar";
-    row->mr = 4;
+    row->mr = SCALAR_MR;
     row->nr = SCALAR_NR;
     row->kc = 256;
-    row->nc = 256;
     NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_scalar);
     NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_scalar);
     NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_scalar);
@@ -97,6 +105,9 @@ void nm_fill_row_scalar(nm_kernel_row *row) {
     NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_scalar);
     row->ukernel = ukernel_4x8_scalar;
     row->ukernel_name = "ukernel_4x8_scalar";
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_scalar);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_FP16, ukernel_pack_fp16_scalar);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_BF16, ukernel_pack_bf16_scalar);
     NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_scalar);
     NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_scalar);
     NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_scalar);
