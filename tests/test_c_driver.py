@@ -1,4 +1,4 @@
-"""The C core outside Python: the C test driver natively under ASan + UBSan, cross-built
+"""The C core outside Python: the C test driver natively under ASan + UBSan and under TSan, cross-built
 for AArch64 and run under qemu (the neon row), and warning-free builds with gcc and clang.
 
 Each builds with CMake into a temporary folder. Locally a missing tool skips the test; in CI
@@ -56,6 +56,15 @@ def test_driver_under_address_and_undefined_sanitizers(tmp_path):
                          "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
     text = run_driver([str(build_dir / "nm_test_kernels")])
     assert "runtime error" not in text and "AddressSanitizer" not in text
+
+
+def test_driver_under_thread_sanitizer(tmp_path):
+    """The pool's spin-then-sleep handshake and the per-part buffers, raced by ThreadSanitizer
+    across the driver's thread counts (1 to 7)."""
+    need("cc")
+    build_dir, _ = build(tmp_path, "-DNM_SANITIZE=thread", "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
+    text = run_driver([str(build_dir / "nm_test_kernels")])
+    assert "ThreadSanitizer" not in text
 
 
 def test_neon_row_under_qemu(tmp_path):

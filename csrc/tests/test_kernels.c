@@ -198,6 +198,8 @@ static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
         run_case(row, ref, fmt, 1, 1100, 300, 0, 3);
         run_case(row, ref, fmt, 17, 1100, 300, 1, 2);
         run_case(row, ref, fmt, 33, 700, 513, 0, 3);
+        /* more rows than one packed A block (2048): the block edge, on 7 threads */
+        run_case(row, ref, fmt, 2053, 200, 19, 1, 7);
     }
 }
 
