@@ -1,5 +1,6 @@
-"""The C core outside Python: the C test driver natively under ASan + UBSan and under TSan, cross-built
-for AArch64 and run under qemu (the neon row), and warning-free builds with gcc and clang.
+"""The C core outside Python: the C test driver natively under ASan + UBSan and under TSan,
+cross-built for AArch64 and run under qemu (the neon row), and warning-free builds with gcc
+and clang.
 
 Each builds with CMake into a temporary folder. Locally a missing tool skips the test; in CI
 (CI=true) it fails, since .ci/run installs the tools (tools/install-test-deps)."""

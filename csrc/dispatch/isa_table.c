@@ -3,6 +3,12 @@
 #include "../include/narrowmm.h"
 
 const nm_isa_entry nm_isa_table[] = {
+#if defined(NM_HAVE_AVX512)
+    {"avx512",
+     NM_CPU_AVX512F | NM_CPU_AVX512BW | NM_CPU_AVX512VL | NM_CPU_AVX512DQ | NM_CPU_AVX |
+         NM_CPU_AVX2 | NM_CPU_FMA | NM_CPU_F16C,
+     nm_fill_row_avx512},
+#endif
 #if defined(NM_HAVE_AVX2)
     {"avx2", NM_CPU_AVX | NM_CPU_AVX2 | NM_CPU_FMA | NM_CPU_F16C, nm_fill_row_avx2},
 #endif

@@ -46,6 +46,62 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
         (c)[j] = c_;                                                                         \
     }
 
+/* The m == 1 streaming product of a SIMD row, written once from the row's vector operations:
+ * groups of four rows of B (p ascending) applied to four vectors of C held in registers,
+ * so C is loaded and stored once per four rows while B is read exactly once, in order; the
+ * next group's rows are prefetched; single vectors, then scalar fmaf, take the columns left
+ * over, and single rows the last k % 4.
+ *   VEC, L            the vector type and its float32 lanes
+ *   SET1(x)           x in every lane;  LOADC(p), STOREC(p, v): unaligned float32 vectors
+ *   LOADW(p)          L weights at byte address p, as float32 (exact)
+ *   FMA(acc, x, y)    acc + x * y with one rounding
+ *   PREFETCH(p)       a hint for byte address p (may be a no-op; never faults) */
+#define NM_DEFINE_GEMV_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,     \
+                            LOAD1)                                                           \
+    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
+                     float *c) {                                                             \
+        int64_t p = 0;                                                                       \
+        for (; p + 4 <= k; p += 4) {                                                         \
+            const VEC a0 = SET1(a[p]), a1 = SET1(a[p + 1]);                                  \
+            const VEC a2 = SET1(a[p + 2]), a3 = SET1(a[p + 3]);                              \
+            const uint8_t *b0 = b + p * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb; \
+            int64_t j = 0;                                                                   \
+            for (; j + 4 * (L) <= n; j += 4 * (L)) {                                         \
+                VEC c0 = LOADC(c + j), c1 = LOADC(c + j + (L));                              \
+                VEC c2 = LOADC(c + j + 2 * (L)), c3 = LOADC(c + j + 3 * (L));                \
+                const int64_t o = (ITEM) * j, w = (ITEM) * (L);                              \
+                for (int64_t q = 4; q < 8; ++q) /* the next group's rows, same columns */    \
+                    for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b0 + q * ldb + o + l);  \
+                c0 = FMA(c0, a0, LOADW(b0 + o)), c1 = FMA(c1, a0, LOADW(b0 + o + w));        \
+                c2 = FMA(c2, a0, LOADW(b0 + o + 2 * w)), c3 = FMA(c3, a0, LOADW(b0 + o + 3 * w)); \
+                c0 = FMA(c0, a1, LOADW(b1 + o)), c1 = FMA(c1, a1, LOADW(b1 + o + w));        \
+                c2 = FMA(c2, a1, LOADW(b1 + o + 2 * w)), c3 = FMA(c3, a1, LOADW(b1 + o + 3 * w)); \
+                c0 = FMA(c0, a2, LOADW(b2 + o)), c1 = FMA(c1, a2, LOADW(b2 + o + w));        \
+                c2 = FMA(c2, a2, LOADW(b2 + o + 2 * w)), c3 = FMA(c3, a2, LOADW(b2 + o + 3 * w)); \
+                c0 = FMA(c0, a3, LOADW(b3 + o)), c1 = FMA(c1, a3, LOADW(b3 + o + w));        \
+                c2 = FMA(c2, a3, LOADW(b3 + o + 2 * w)), c3 = FMA(c3, a3, LOADW(b3 + o + 3 * w)); \
+                STOREC(c + j, c0), STOREC(c + j + (L), c1);                                  \
+                STOREC(c + j + 2 * (L), c2), STOREC(c + j + 3 * (L), c3);                    \
+            }                                                                                \
+            for (; j + (L) <= n; j += (L)) {                                                 \
+                const int64_t o = (ITEM) * j;                                                \
+                VEC c0 = LOADC(c + j);                                                       \
+                c0 = FMA(c0, a0, LOADW(b0 + o)), c0 = FMA(c0, a1, LOADW(b1 + o));            \
+                c0 = FMA(c0, a2, LOADW(b2 + o)), c0 = FMA(c0, a3, LOADW(b3 + o));            \
+                STOREC(c + j, c0);                                                           \
+            }                                                                                \
+            NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                        \
+        }                                                                                    \
+        for (; p < k; ++p) {                                                                 \
+            const VEC a0 = SET1(a[p]);                                                       \
+            const uint8_t *b0 = b + p * ldb;                                                 \
+            int64_t j = 0;                                                                   \
+            for (; j + (L) <= n; j += (L))                                                   \
+                STOREC(c + j, FMA(LOADC(c + j), a0, LOADW(b0 + (ITEM) * j)));                \
+            for (; j < n; ++j) c[j] = fmaf(a[p], LOAD1(b0 + (ITEM) * j), c[j]);              \
+        }                                                                                    \
+    }
+
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their
  * results are dropped. CALL computes on `scratch` (leading dimension NR). */

@@ -27,7 +27,9 @@ typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
- * for slivers narrower than NR; whole slivers are decoded by ukernel_pack below. */
+ * only for a sliver narrower than NR (at most one per k block and thread: column ranges are
+ * whole grains), so every row keeps the scalar row's portable version; whole slivers are
+ * decoded by ukernel_pack below. */
 typedef void (*nm_pack_fn)(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,
                            float *dst);
 
@@ -93,6 +95,9 @@ typedef struct nm_kernel_row {
 void nm_fill_row_scalar(nm_kernel_row *row);
 #if defined(NM_HAVE_AVX2)
 void nm_fill_row_avx2(nm_kernel_row *row);
+#endif
+#if defined(NM_HAVE_AVX512)
+void nm_fill_row_avx512(nm_kernel_row *row);
 #endif
 #if defined(NM_HAVE_NEON)
 void nm_fill_row_neon(nm_kernel_row *row);

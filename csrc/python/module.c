@@ -350,8 +350,10 @@ static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
     if (parse_format(fmt) < 0) return NULL;
     const nm_kernel_row *r = current_row;
     if (strcmp(op, "matmul") == 0) {
-        if (!r->gemv[fmt] || !r->pack[fmt] || !r->ukernel) return PyList_New(0);
-        return Py_BuildValue("[sss]", r->gemv_name[fmt], r->pack_name[fmt], r->ukernel_name);
+        if (!r->gemv[fmt] || !r->ukernel_pack[fmt] || !r->ukernel || !r->pack[fmt])
+            return PyList_New(0);
+        return Py_BuildValue("[ssss]", r->gemv_name[fmt], r->ukernel_pack_name[fmt],
+                             r->ukernel_name, r->pack_name[fmt]);
     }
     if (strcmp(op, "encode") == 0)
         return r->encode[fmt] ? Py_BuildValue("[s]", r->encode_name[fmt]) : PyList_New(0);

@@ -28,100 +28,17 @@ static inline __m256 load8_bf16(const uint8_t *p) {
 }
 
 
-/* ---- m == 1: stream B four rows at a time --------------------------------------------
- * Each pass over a column block applies rows p..p+3 in order to C held in registers, so C
- * is loaded and stored once per four rows while B is read exactly once, sequentially. */
+/* ---- m == 1: stream B four rows at a time, 32 columns per step ----------------------- */
 
-#define NM_DEFINE_GEMV(NAME, ITEM, LOAD8, LOAD1)                                             \
-    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
-                     float *c) {                                                             \
-        int64_t p = 0;                                                                       \
-        for (; p + 4 <= k; p += 4) {                                                         \
-            const __m256 a0 = _mm256_set1_ps(a[p]), a1 = _mm256_set1_ps(a[p + 1]);           \
-            const __m256 a2 = _mm256_set1_ps(a[p + 2]), a3 = _mm256_set1_ps(a[p + 3]);       \
-            const uint8_t *b0 = b + p * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb; \
-            int64_t j = 0;                                                                   \
-            for (; j + 32 <= n; j += 32) {                                                   \
-                __m256 c0 = _mm256_loadu_ps(c + j), c1 = _mm256_loadu_ps(c + j + 8);         \
-                __m256 c2 = _mm256_loadu_ps(c + j + 16), c3 = _mm256_loadu_ps(c + j + 24);   \
-                const int64_t o = (ITEM) * j;                                                \
-                /* the next group's rows, same columns: a prefetch never faults */           \
-                for (int64_t q = 4; q < 8; ++q)                                              \
-                    for (int64_t l = 0; l < 32 * (ITEM); l += 64)                            \
-                        _mm_prefetch((const char *)(b0 + q * ldb + o + l), _MM_HINT_T0);     \
-                c0 = _mm256_fmadd_ps(a0, LOAD8(b0 + o), c0);                                 \
-                c1 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 8 * (ITEM)), c1);                    \
-                c2 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 16 * (ITEM)), c2);                   \
-                c3 = _mm256_fmadd_ps(a0, LOAD8(b0 + o + 24 * (ITEM)), c3);                   \
-                c0 = _mm256_fmadd_ps(a1, LOAD8(b1 + o), c0);                                 \
-                c1 = _mm256_fmadd_ps(a1, LOAD8(b1 + o + 8 * (ITEM)), c1);                    \
-                c2 = _mm256_fmadd_ps(a1, LOAD8(b1 + o + 16 * (ITEM)), c2);                   \
-                c3 = _mm256_fmadd_ps(a1, LOAD8(b1 + o + 24 * (ITEM)), c3);                   \
-                c0 = _mm256_fmadd_ps(a2, LOAD8(b2 + o), c0);                                 \
-                c1 = _mm256_fmadd_ps(a2, LOAD8(b2 + o + 8 * (ITEM)), c1);                    \
-                c2 = _mm256_fmadd_ps(a2, LOAD8(b2 + o + 16 * (ITEM)), c2);                   \
-                c3 = _mm256_fmadd_ps(a2, LOAD8(b2 + o + 24 * (ITEM)), c3);                   \
-                c0 = _mm256_fmadd_ps(a3, LOAD8(b3 + o), c0);                                 \
-                c1 = _mm256_fmadd_ps(a3, LOAD8(b3 + o + 8 * (ITEM)), c1);                    \
-                c2 = _mm256_fmadd_ps(a3, LOAD8(b3 + o + 16 * (ITEM)), c2);                   \
-                c3 = _mm256_fmadd_ps(a3, LOAD8(b3 + o + 24 * (ITEM)), c3);                   \
-                _mm256_storeu_ps(c + j, c0);                                                 \
-                _mm256_storeu_ps(c + j + 8, c1);                                             \
-                _mm256_storeu_ps(c + j + 16, c2);                                            \
-                _mm256_storeu_ps(c + j + 24, c3);                                            \
-            }                                                                                \
-            for (; j + 8 <= n; j += 8) {                                                     \
-                const int64_t o = (ITEM) * j;                                                \
-                __m256 c0 = _mm256_loadu_ps(c + j);                                          \
-                c0 = _mm256_fmadd_ps(a0, LOAD8(b0 + o), c0);                                 \
-                c0 = _mm256_fmadd_ps(a1, LOAD8(b1 + o), c0);                                 \
-                c0 = _mm256_fmadd_ps(a2, LOAD8(b2 + o), c0);                                 \
-                c0 = _mm256_fmadd_ps(a3, LOAD8(b3 + o), c0);                                 \
-                _mm256_storeu_ps(c + j, c0);                                                 \
-            }                                                                                \
-            NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                        \
-        }                                                                                    \
-        for (; p < k; ++p) {                                                                 \
-            const __m256 a0 = _mm256_set1_ps(a[p]);                                          \
-            const uint8_t *b0 = b + p * ldb;                                                 \
-            int64_t j = 0;                                                                   \
-            for (; j + 8 <= n; j += 8)                                                       \
-                _mm256_storeu_ps(c + j, _mm256_fmadd_ps(a0, LOAD8(b0 + (ITEM) * j),          \
-                                                        _mm256_loadu_ps(c + j)));            \
-            for (; j < n; ++j) c[j] = fmaf(a[p], LOAD1(b0 + (ITEM) * j), c[j]);              \
-        }                                                                                    \
-    }
+#define FMADD8(acc, x, y) _mm256_fmadd_ps(x, y, acc)
+#define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
-NM_DEFINE_GEMV(gemv_f32_avx2, 4, load8_f32, nm_load1_f32)
-NM_DEFINE_GEMV(gemv_fp16_avx2, 2, load8_fp16, nm_load1_fp16)
-NM_DEFINE_GEMV(gemv_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
-
-/* ---- packing a narrow sliver (the frame's last, partial one) ------------------------ */
-
-#define NM_DEFINE_PACK(NAME, ITEM, LOAD8, LOAD1)                                             \
-    static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
-                     float *dst) {                                                           \
-        const int64_t full = nr == NR ? nc / NR * NR : 0; /* columns in whole slivers */    \
-        for (int64_t p = 0; p < kc; ++p) {                                                   \
-            const uint8_t *src = b + p * ldb;                                                \
-            int64_t j0 = 0;                                                                  \
-            for (; j0 < full; j0 += NR) {                                                    \
-                float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \
-                _mm256_store_ps(out, LOAD8(src + (ITEM) * j0));                              \
-                _mm256_store_ps(out + 8, LOAD8(src + (ITEM) * (j0 + 8)));                    \
-                _mm256_store_ps(out + 16, LOAD8(src + (ITEM) * (j0 + 16)));                  \
-            }                                                                                \
-            for (; j0 < nc; j0 += nr) {                                                      \
-                const int64_t w = nc - j0 < nr ? nc - j0 : nr;                               \
-                NM_PACK_PARTIAL_ROW(dst + (j0 / nr) * kc * nr + p * nr, src + (ITEM) * j0,  \
-                                    ITEM, w, nr, LOAD1);                                     \
-            }                                                                                \
-        }                                                                                    \
-    }
-
-NM_DEFINE_PACK(pack_f32_avx2, 4, load8_f32, nm_load1_f32)
-NM_DEFINE_PACK(pack_fp16_avx2, 2, load8_fp16, nm_load1_fp16)
-NM_DEFINE_PACK(pack_bf16_avx2, 2, load8_bf16, nm_load1_bf16)
+NM_DEFINE_GEMV_SIMD(gemv_f32_avx2, 4, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps,
+                    _mm256_storeu_ps, load8_f32, FMADD8, PREFETCH_T0, nm_load1_f32)
+NM_DEFINE_GEMV_SIMD(gemv_fp16_avx2, 2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps,
+                    _mm256_storeu_ps, load8_fp16, FMADD8, PREFETCH_T0, nm_load1_fp16)
+NM_DEFINE_GEMV_SIMD(gemv_bf16_avx2, 2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps,
+                    _mm256_storeu_ps, load8_bf16, FMADD8, PREFETCH_T0, nm_load1_bf16)
 
 /* ---- the 4 x 24 microkernel: 12 accumulators, 3 B vectors, 1 broadcast ---------------
  * Named registers rather than an array: compilers keep these in ymm registers, where an
@@ -314,9 +231,6 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_avx2);
     NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_avx2);
     NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_avx2);
-    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_avx2);
-    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_avx2);
-    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_avx2);
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";
     NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_avx2);

@@ -31,74 +31,15 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
 
 /* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
 
-#define NM_DEFINE_GEMV(NAME, ITEM, LOAD4, LOAD1)                                             \
-    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
-                     float *c) {                                                             \
-        int64_t p = 0;                                                                       \
-        for (; p + 4 <= k; p += 4) {                                                         \
-            const float a0 = a[p], a1 = a[p + 1], a2 = a[p + 2], a3 = a[p + 3];              \
-            const uint8_t *b0 = b + p * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb; \
-            int64_t j = 0;                                                                   \
-            for (; j + 16 <= n; j += 16) {                                                   \
-                float32x4_t c0 = vld1q_f32(c + j), c1 = vld1q_f32(c + j + 4);                \
-                float32x4_t c2 = vld1q_f32(c + j + 8), c3 = vld1q_f32(c + j + 12);           \
-                const int64_t o = (ITEM) * j;                                                \
-                const uint8_t *rows[4] = {b0, b1, b2, b3};                                   \
-                const float as[4] = {a0, a1, a2, a3};                                        \
-                for (int r = 0; r < 4; ++r) { /* p ascending within the group */             \
-                    const float32x4_t ar = vdupq_n_f32(as[r]);                               \
-                    const uint8_t *br = rows[r] + o;                                         \
-                    c0 = vfmaq_f32(c0, ar, LOAD4(br));                                       \
-                    c1 = vfmaq_f32(c1, ar, LOAD4(br + 4 * (ITEM)));                          \
-                    c2 = vfmaq_f32(c2, ar, LOAD4(br + 8 * (ITEM)));                          \
-                    c3 = vfmaq_f32(c3, ar, LOAD4(br + 12 * (ITEM)));                         \
-                }                                                                            \
-                vst1q_f32(c + j, c0);                                                        \
-                vst1q_f32(c + j + 4, c1);                                                    \
-                vst1q_f32(c + j + 8, c2);                                                    \
-                vst1q_f32(c + j + 12, c3);                                                   \
-            }                                                                                \
-            NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                        \
-        }                                                                                    \
-        for (; p < k; ++p) {                                                                 \
-            const float32x4_t a0 = vdupq_n_f32(a[p]);                                        \
-            const uint8_t *b0 = b + p * ldb;                                                 \
-            int64_t j = 0;                                                                   \
-            for (; j + 4 <= n; j += 4)                                                       \
-                vst1q_f32(c + j, vfmaq_f32(vld1q_f32(c + j), a0, LOAD4(b0 + (ITEM) * j)));   \
-            for (; j < n; ++j) c[j] = fmaf(a[p], LOAD1(b0 + (ITEM) * j), c[j]);              \
-        }                                                                                    \
-    }
+/* No software prefetch: unmeasured on Arm hardware, the hardware prefetchers are trusted. */
+#define NO_PREFETCH(p) ((void)(p))
 
-NM_DEFINE_GEMV(gemv_f32_neon, 4, load4_f32, nm_load1_f32)
-NM_DEFINE_GEMV(gemv_fp16_neon, 2, load4_fp16, nm_load1_fp16)
-NM_DEFINE_GEMV(gemv_bf16_neon, 2, load4_bf16, nm_load1_bf16)
-
-/* ---- packing a narrow sliver (the frame's last, partial one) ------------------------ */
-
-#define NM_DEFINE_PACK(NAME, ITEM, LOAD4, LOAD1)                                             \
-    static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
-                     float *dst) {                                                           \
-        const int64_t full = nr == NR ? nc / NR * NR : 0;                                    \
-        for (int64_t p = 0; p < kc; ++p) {                                                   \
-            const uint8_t *src = b + p * ldb;                                                \
-            int64_t j0 = 0;                                                                  \
-            for (; j0 < full; j0 += NR) {                                                    \
-                float *out = dst + (j0 / NR) * kc * NR + p * NR;                             \
-                vst1q_f32(out, LOAD4(src + (ITEM) * j0));                                    \
-                vst1q_f32(out + 4, LOAD4(src + (ITEM) * (j0 + 4)));                          \
-            }                                                                                \
-            for (; j0 < nc; j0 += nr) {                                                      \
-                const int64_t w = nc - j0 < nr ? nc - j0 : nr;                               \
-                NM_PACK_PARTIAL_ROW(dst + (j0 / nr) * kc * nr + p * nr, src + (ITEM) * j0,  \
-                                    ITEM, w, nr, LOAD1);                                     \
-            }                                                                                \
-        }                                                                                    \
-    }
-
-NM_DEFINE_PACK(pack_f32_neon, 4, load4_f32, nm_load1_f32)
-NM_DEFINE_PACK(pack_fp16_neon, 2, load4_fp16, nm_load1_fp16)
-NM_DEFINE_PACK(pack_bf16_neon, 2, load4_bf16, nm_load1_bf16)
+NM_DEFINE_GEMV_SIMD(gemv_f32_neon, 4, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
+                    load4_f32, vfmaq_f32, NO_PREFETCH, nm_load1_f32)
+NM_DEFINE_GEMV_SIMD(gemv_fp16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
+                    load4_fp16, vfmaq_f32, NO_PREFETCH, nm_load1_fp16)
+NM_DEFINE_GEMV_SIMD(gemv_bf16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
+                    load4_bf16, vfmaq_f32, NO_PREFETCH, nm_load1_bf16)
 
 /* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers ---------------
  * Packed A gives the 8 multipliers of step p as two contiguous vectors; each is applied
@@ -218,9 +159,6 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_neon);
     NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_neon);
     NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_neon);
-    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_neon);
-    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_neon);
-    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_neon);
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";
     NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_neon);

@@ -97,7 +97,8 @@ def use_isa(name: str) -> Iterator[None]:
 
 
 def describe_kernels(op: str, names: list[str]) -> str:
-    """One string naming the C kernels: for matmul, the m == 1 and the m > 1 paths."""
-    if op == "matmul" and len(names) == 3:
-        return f"{names[0]} (m=1); {names[1]} + {names[2]} (m>1)"
+    """One string naming the C kernels: for matmul, the m == 1 path, then the m > 1 path (the
+    tile that decodes a sliver, the tile that reuses it, and the pack of a narrow last one)."""
+    if op == "matmul" and len(names) == 4:
+        return f"{names[0]} (m=1); {names[1]} + {names[2]}, {names[3]} for edges (m>1)"
     return " + ".join(names)

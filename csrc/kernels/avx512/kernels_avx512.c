@@ -1,0 +1,221 @@
+/* narrowmm: the avx512 row (AVX-512 F/BW/VL/DQ + F16C + FMA). Compiled with exactly those
+ * flags; chosen at run time only on CPUs (and OSes) that have them (dispatch/isa_table.c).
+ *
+ * Same contract and the same shape of code as the avx2 row, on 16-lane registers: vector
+ * lanes are distinct output columns, one fma per p in ascending p, so no bit changes.
+ *
+ * The machine this row was written on has no AVX-512: it is verified bit for bit in an
+ * instruction-set emulator (tests/test_avx512_emulated.py, Bochs through bochscpu), and its
+ * blocking (8 x 32 tile, kc = 128) is chosen from the cache sizes of AVX-512 cores, not
+ * measured. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "../kernel_common.h"
+#include "../nm_kernels.h"
+
+#define MR 8
+#define NR 32
+
+/* ---- loading 16 weights as float32 (B may sit at any byte address) ------------------ */
+
+static inline __m512 load16_f32(const uint8_t *p) { return _mm512_loadu_ps((const float *)p); }
+
+static inline __m512 load16_fp16(const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); /* exact */
+}
+
+static inline __m512 load16_bf16(const uint8_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
+}
+
+/* ---- m == 1: stream B four rows at a time, 64 columns per step ----------------------- */
+
+#define FMADD16(acc, x, y) _mm512_fmadd_ps(x, y, acc)
+#define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+
+NM_DEFINE_GEMV_SIMD(gemv_f32_avx512, 4, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
+                    _mm512_storeu_ps, load16_f32, FMADD16, PREFETCH_T0, nm_load1_f32)
+NM_DEFINE_GEMV_SIMD(gemv_fp16_avx512, 2, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
+                    _mm512_storeu_ps, load16_fp16, FMADD16, PREFETCH_T0, nm_load1_fp16)
+NM_DEFINE_GEMV_SIMD(gemv_bf16_avx512, 2, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
+                    _mm512_storeu_ps, load16_bf16, FMADD16, PREFETCH_T0, nm_load1_bf16)
+
+/* ---- the 8 x 32 microkernel: 16 accumulators, 2 B vectors, 1 broadcast ---------------
+ * Half of the 32 zmm registers hold the tile; named registers, as in the avx2 row. A row of
+ * a 32-wide fp16/bf16 sliver is one 64-byte line of B. */
+
+#define LOAD_ROW_C(i, c, ldc)                                                                \
+    __m512 c##i##0 = _mm512_loadu_ps((c) + (i) * (ldc));                                     \
+    __m512 c##i##1 = _mm512_loadu_ps((c) + (i) * (ldc) + 16);
+#define STORE_ROW_C(i, c, ldc)                                                               \
+    _mm512_storeu_ps((c) + (i) * (ldc), c##i##0);                                            \
+    _mm512_storeu_ps((c) + (i) * (ldc) + 16, c##i##1);
+#define FMA_ROW(i, ap, p, b0, b1)                                                            \
+    do {                                                                                     \
+        const __m512 ai = _mm512_set1_ps((ap)[(p) * MR + (i)]);                              \
+        c##i##0 = _mm512_fmadd_ps(ai, b0, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(ai, b1, c##i##1);                                          \
+    } while (0)
+
+#define TILE_LOAD_C(c, ldc)                                                                  \
+    LOAD_ROW_C(0, c, ldc) LOAD_ROW_C(1, c, ldc) LOAD_ROW_C(2, c, ldc) LOAD_ROW_C(3, c, ldc)  \
+    LOAD_ROW_C(4, c, ldc) LOAD_ROW_C(5, c, ldc) LOAD_ROW_C(6, c, ldc) LOAD_ROW_C(7, c, ldc)
+#define TILE_STORE_C(c, ldc)                                                                 \
+    STORE_ROW_C(0, c, ldc) STORE_ROW_C(1, c, ldc) STORE_ROW_C(2, c, ldc)                     \
+    STORE_ROW_C(3, c, ldc) STORE_ROW_C(4, c, ldc) STORE_ROW_C(5, c, ldc)                     \
+    STORE_ROW_C(6, c, ldc) STORE_ROW_C(7, c, ldc)
+#define TILE_FMA_STEP(ap, p, b0, b1)                                                         \
+    FMA_ROW(0, ap, p, b0, b1);                                                               \
+    FMA_ROW(1, ap, p, b0, b1);                                                               \
+    FMA_ROW(2, ap, p, b0, b1);                                                               \
+    FMA_ROW(3, ap, p, b0, b1);                                                               \
+    FMA_ROW(4, ap, p, b0, b1);                                                               \
+    FMA_ROW(5, ap, p, b0, b1);                                                               \
+    FMA_ROW(6, ap, p, b0, b1);                                                               \
+    FMA_ROW(7, ap, p, b0, b1)
+
+/* The next tile's C rows, asked for now (a macro: see the avx2 row for why). */
+#define PREFETCH_C_TILE(c_next, ldc)                                                         \
+    do {                                                                                     \
+        if (c_next)                                                                          \
+            for (int i_ = 0; i_ < MR; ++i_) {                                                \
+                const char *r_ = (const char *)((c_next) + i_ * (ldc));                      \
+                _mm_prefetch(r_, _MM_HINT_T0);                                               \
+                _mm_prefetch(r_ + 64, _MM_HINT_T0);                                          \
+                _mm_prefetch(r_ + NR * sizeof(float) - 1, _MM_HINT_T0);                      \
+            }                                                                                \
+    } while (0)
+
+static void tile_8x32(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
+                      const float *c_next) {
+    PREFETCH_C_TILE(c_next, ldc);
+    TILE_LOAD_C(c, ldc)
+    for (int64_t p = 0; p < kc; ++p) {
+        const __m512 b0 = _mm512_load_ps(bp + p * NR), b1 = _mm512_load_ps(bp + p * NR + 16);
+        TILE_FMA_STEP(ap, p, b0, b1);
+    }
+    TILE_STORE_C(c, ldc)
+}
+
+static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float *ap,
+                                const float *bp, float *c, int64_t ldc, const float *c_next) {
+    if (mr == MR && nr == NR) {
+        tile_8x32(kc, ap, bp, c, ldc, c_next);
+        return;
+    }
+    WITH_SCRATCH_TILE(mr, nr, c, ldc, tile_8x32(kc, ap, bp, scratch, NR, c_next));
+}
+
+/* ---- the first tile of a sliver, decoding B on the way (see the avx2 row) ------------- */
+#define B_AHEAD 160 /* weights: five slivers further along the same row */
+
+#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16)                                     \
+    static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
+                     float *c, int64_t ldc, const float *c_next) {                           \
+        PREFETCH_C_TILE(c_next, ldc);                                                        \
+        TILE_LOAD_C(c, ldc)                                                                  \
+        for (int64_t p = 0; p < kc; ++p) {                                                   \
+            const uint8_t *src = b + p * ldb;                                                \
+            _mm_prefetch((const char *)(src + (ITEM) * B_AHEAD), _MM_HINT_T0);               \
+            const __m512 b0 = LOAD16(src), b1 = LOAD16(src + 16 * (ITEM));                   \
+            _mm512_store_ps(bp + p * NR, b0);                                                \
+            _mm512_store_ps(bp + p * NR + 16, b1);                                           \
+            TILE_FMA_STEP(ap, p, b0, b1);                                                    \
+        }                                                                                    \
+        TILE_STORE_C(c, ldc)                                                                 \
+    }                                                                                        \
+    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
+                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
+        if (mr == MR) {                                                                      \
+            TILE(kc, ap, b, ldb, bp, c, ldc, c_next);                                        \
+            return;                                                                          \
+        }                                                                                    \
+        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next));    \
+    }
+
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx512, tile_pack_f32, 4, load16_f32)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx512, tile_pack_fp16, 2, load16_fp16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx512, tile_pack_bf16, 2, load16_bf16)
+
+/* ---- codecs ------------------------------------------------------------------------- */
+
+static void decode_fp16_avx512(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, load16_fp16((const uint8_t *)(src + i)));
+    for (; i < n; ++i) dst[i] = nm_fp16_to_f32(src[i]);
+}
+
+static void encode_fp16_avx512(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i *)(dst + i), h);
+    }
+    for (; i < n; ++i) dst[i] = nm_f32_to_fp16(src[i]);
+}
+
+/* bf16: the branch-free scalar codec, vectorised by the compiler for this row's flags. */
+NM_DEFINE_CODEC_LOOP(decode_bf16_avx512, uint16_t, float, nm_bf16_to_f32)
+NM_DEFINE_CODEC_LOOP(encode_bf16_avx512, float, uint16_t, nm_f32_to_bf16)
+
+/* ---- limit probes --------------------------------------------------------------------- */
+
+/* 12 independent 16-lane chains: enough to cover the FMA latency on two FMA ports. */
+static float probe_fma_avx512(int64_t iters) {
+    __m512 a0 = _mm512_set1_ps(0.0f), a1 = _mm512_set1_ps(1.0f), a2 = _mm512_set1_ps(2.0f);
+    __m512 a3 = _mm512_set1_ps(3.0f), a4 = _mm512_set1_ps(4.0f), a5 = _mm512_set1_ps(5.0f);
+    __m512 a6 = _mm512_set1_ps(6.0f), a7 = _mm512_set1_ps(7.0f), a8 = _mm512_set1_ps(8.0f);
+    __m512 a9 = _mm512_set1_ps(9.0f), a10 = _mm512_set1_ps(10.0f), a11 = _mm512_set1_ps(11.0f);
+    const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    for (int64_t i = 0; i < iters; ++i) {
+        a0 = _mm512_fmadd_ps(a0, x, y), a1 = _mm512_fmadd_ps(a1, x, y);
+        a2 = _mm512_fmadd_ps(a2, x, y), a3 = _mm512_fmadd_ps(a3, x, y);
+        a4 = _mm512_fmadd_ps(a4, x, y), a5 = _mm512_fmadd_ps(a5, x, y);
+        a6 = _mm512_fmadd_ps(a6, x, y), a7 = _mm512_fmadd_ps(a7, x, y);
+        a8 = _mm512_fmadd_ps(a8, x, y), a9 = _mm512_fmadd_ps(a9, x, y);
+        a10 = _mm512_fmadd_ps(a10, x, y), a11 = _mm512_fmadd_ps(a11, x, y);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return _mm512_reduce_add_ps(s);
+}
+
+static float probe_read_avx512(const float *buf, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i < n; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_load_ps(buf + i));
+        s1 = _mm512_add_ps(s1, _mm512_load_ps(buf + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_load_ps(buf + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_load_ps(buf + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+void nm_fill_row_avx512(nm_kernel_row *row) {
+    nm_fill_row_scalar(row); /* every slot starts full of portable C */
+    row->isa = "avx512";
+    row->mr = MR;
+    row->nr = NR;
+    row->kc = 128; /* a 16 KiB sliver and a 4 KiB A micro-panel stay in a 32 KiB L1 */
+    NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_avx512);
+    NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_avx512);
+    NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_avx512);
+    row->ukernel = ukernel_8x32_avx512;
+    row->ukernel_name = "ukernel_8x32_avx512";
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_avx512);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_FP16, ukernel_pack_fp16_avx512);
+    NM_SET_SLOT(row, ukernel_pack, NM_FMT_BF16, ukernel_pack_bf16_avx512);
+    NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_avx512);
+    NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_avx512);
+    NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_avx512);
+    NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_avx512);
+    row->probe_fma = probe_fma_avx512;
+    row->probe_fma_flops = 12 * 16 * 2;
+    row->probe_read = probe_read_avx512;
+}

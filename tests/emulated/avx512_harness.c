@@ -1,0 +1,88 @@
+/* narrowmm test harness: the avx512 row run inside an instruction-set emulator.
+ *
+ * Built freestanding (no C library, no OS) together with the real frame (frame/matmul.c)
+ * and the real kernel rows, so what the emulator executes is the code narrowmm ships,
+ * compiled with the row's own flags. The few C library functions the core calls are
+ * provided here; threads become a serial loop over the same column parts.
+ * tests/test_avx512_emulated.py builds it and drives it through tests/emulated/machine.py. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "include/narrowmm.h"
+#include "frame/threads.h"
+
+/* ---- the C library, as far as the core needs it --------------------------------------- */
+
+void *memcpy(void *dst, const void *src, size_t n) {
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    for (size_t i = 0; i < n; ++i) d[i] = s[i];
+    return dst;
+}
+
+void *memset(void *dst, int value, size_t n) {
+    unsigned char *d = dst;
+    for (size_t i = 0; i < n; ++i) d[i] = (unsigned char)value;
+    return dst;
+}
+
+float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); } /* one vfmadd */
+
+/* A bump allocator over a static heap, reset before every job. */
+#define HEAP_BYTES (16u << 20)
+static _Alignas(64) unsigned char heap[HEAP_BYTES];
+static size_t heap_used;
+
+void *aligned_alloc(size_t alignment, size_t size) {
+    size_t start = (heap_used + alignment - 1) / alignment * alignment;
+    if (start + size > HEAP_BYTES) return NULL;
+    heap_used = start + size;
+    return heap + start;
+}
+
+void free(void *p) { (void)p; }
+
+/* ---- threads: the same column parts, one after another ---------------------------------- */
+
+static int emulated_threads = 1;
+
+void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
+    for (int i = 0; i < parts; ++i) fn(ctx, i, parts);
+}
+
+int nm_get_num_threads(void) { return emulated_threads; }
+
+/* ---- the entry point ------------------------------------------------------------------------ */
+
+enum { EMU_MATMUL = 0, EMU_DECODE = 1, EMU_ENCODE = 2 };
+
+typedef struct emu_job {
+    int64_t op, fmt, m, n, k, lda, ldb, ldc, accumulate, threads;
+    const float *a;    /* matmul: x; encode: the floats */
+    const uint8_t *b;  /* matmul: weights; decode: the 16-bit patterns */
+    void *c;           /* matmul: out; decode: floats; encode: 16-bit patterns */
+    int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
+} emu_job;
+
+void nm_emu_main(emu_job *job) {
+    nm_kernel_row row;
+    nm_fill_row_avx512(&row);
+    heap_used = 0;
+    emulated_threads = (int)job->threads;
+    switch (job->op) {
+    case EMU_MATMUL:
+        job->status = nm_matmul(&row, (int)job->fmt, job->m, job->n, job->k, job->a, job->lda,
+                                job->b, job->ldb, job->c, job->ldc, (int)job->accumulate);
+        break;
+    case EMU_DECODE:
+        row.decode[job->fmt]((const uint16_t *)job->b, job->c, job->n);
+        job->status = 1;
+        break;
+    case EMU_ENCODE:
+        row.encode[job->fmt](job->a, job->c, job->n);
+        job->status = 1;
+        break;
+    default:
+        job->status = -100;
+    }
+}
