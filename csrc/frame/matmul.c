@@ -22,7 +22,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of
  * 64-byte lines of B for every format (32 fp16/bf16, 16 f32 weights a line) and of slivers
- * for every row (NR 8 or 24), so only the last range can end in a partial sliver. */
+ * for every row (NR 8, 24 or 32), so only the last range can end in a partial sliver. */
 #define NM_COLUMN_GRAIN 96
 /* At most this many rows of A are packed at once (2 MiB with kc = 256). Up to this m each
  * weight is decoded once per call; beyond it, once per block of this many rows. */
