@@ -26,12 +26,29 @@ static inline uint16_t nm_load_u16(const uint8_t *p) {
 static inline float nm_load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(nm_load_u16(p)); }
 static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_load_u16(p)); }
 
-/* One row of a partial sliver: the w < nr decoded columns at src, zero-padded to nr. */
-#define NM_PACK_PARTIAL_ROW(out, src, ITEM, w, nr, LOAD1)                                    \
-    do {                                                                                     \
-        for (int64_t j_ = 0; j_ < (w); ++j_) (out)[j_] = LOAD1((src) + (ITEM) * j_);         \
-        for (int64_t j_ = (w); j_ < (nr); ++j_) (out)[j_] = 0.0f;                            \
-    } while (0)
+/* Packing, written once for every row from its vector load (L lanes; L = 1 for portable C):
+ * each row of each nr-wide sliver takes whole vectors while they fit, then single weights,
+ * then zeros up to nr. The frame calls it for a last sliver narrower than NR, so the part
+ * that matters is how fast the few columns of that sliver decode: with the row's own
+ * conversion (F16C, FCVTL) rather than the portable bit manipulation.
+ *   LOADW(p): L weights at byte address p as float32;  STOREF(p, v): store them (unaligned);
+ *   LOAD1(p): one weight. */
+#define NM_DEFINE_PACK(NAME, ITEM, L, LOADW, STOREF, LOAD1)                                  \
+    static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
+                     float *dst) {                                                           \
+        for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                            \
+            const int64_t w = nc - j0 < nr ? nc - j0 : nr;                                   \
+            float *sliver = dst + (j0 / nr) * kc * nr;                                       \
+            for (int64_t p = 0; p < kc; ++p) {                                               \
+                const uint8_t *src = b + p * ldb + (ITEM) * j0;                              \
+                float *out = sliver + p * nr;                                                \
+                int64_t j = 0;                                                               \
+                for (; j + (L) <= w; j += (L)) STOREF(out + j, LOADW(src + (ITEM) * j));     \
+                for (; j < w; ++j) out[j] = LOAD1(src + (ITEM) * j);                         \
+                for (; j < nr; ++j) out[j] = 0.0f;                                           \
+            }                                                                                \
+        }                                                                                    \
+    }
 
 /* The columns j..n-1 a vector gemv step leaves over: rows b0..b3 (weights a[p..p+3]), one
  * fmaf per row, in order. */

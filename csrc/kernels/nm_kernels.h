@@ -28,8 +28,7 @@ typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
  * only for a sliver narrower than NR (at most one per k block and thread: column ranges are
- * whole grains), so every row keeps the scalar row's portable version; whole slivers are
- * decoded by ukernel_pack below. */
+ * whole grains); whole slivers are decoded by ukernel_pack below. */
 typedef void (*nm_pack_fn)(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,
                            float *dst);
 

@@ -41,6 +41,12 @@ NM_DEFINE_GEMV_SIMD(gemv_fp16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, v
 NM_DEFINE_GEMV_SIMD(gemv_bf16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
                     load4_bf16, vfmaq_f32, NO_PREFETCH, nm_load1_bf16)
 
+/* ---- packing a narrow sliver (the last of a column range) --------------------------- */
+
+NM_DEFINE_PACK(pack_f32_neon, 4, 4, load4_f32, vst1q_f32, nm_load1_f32)
+NM_DEFINE_PACK(pack_fp16_neon, 2, 4, load4_fp16, vst1q_f32, nm_load1_fp16)
+NM_DEFINE_PACK(pack_bf16_neon, 2, 4, load4_bf16, vst1q_f32, nm_load1_bf16)
+
 /* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers ---------------
  * Packed A gives the 8 multipliers of step p as two contiguous vectors; each is applied
  * with a by-lane fma (vfmaq_laneq_f32: a plain fused multiply-add by one lane). */
@@ -159,6 +165,9 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_neon);
     NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_neon);
     NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_neon);
+    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_neon);
+    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_neon);
+    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_neon);
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";
     NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_neon);

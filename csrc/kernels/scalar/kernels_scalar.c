@@ -23,21 +23,11 @@ NM_DEFINE_GEMV(gemv_f32_scalar, nm_load1_f32(row + 4 * j))
 NM_DEFINE_GEMV(gemv_fp16_scalar, nm_load1_fp16(row + 2 * j))
 NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
 
-#define NM_DEFINE_PACK(NAME, ITEMSIZE, DECODE)                                             \
-    static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,        \
-                     float *dst) {                                                         \
-        for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                          \
-            int64_t w = nc - j0 < nr ? nc - j0 : nr;                                       \
-            float *sliver = dst + (j0 / nr) * kc * nr;                                     \
-            for (int64_t p = 0; p < kc; ++p)                                               \
-                NM_PACK_PARTIAL_ROW(sliver + p * nr, b + p * ldb + (ITEMSIZE) * j0,        \
-                                    ITEMSIZE, w, nr, DECODE);                              \
-        }                                                                                  \
-    }
+#define STORE1(p, v) (*(p) = (v))
 
-NM_DEFINE_PACK(pack_f32_scalar, 4, nm_load1_f32)
-NM_DEFINE_PACK(pack_fp16_scalar, 2, nm_load1_fp16)
-NM_DEFINE_PACK(pack_bf16_scalar, 2, nm_load1_bf16)
+NM_DEFINE_PACK(pack_f32_scalar, 4, 1, nm_load1_f32, STORE1, nm_load1_f32)
+NM_DEFINE_PACK(pack_fp16_scalar, 2, 1, nm_load1_fp16, STORE1, nm_load1_fp16)
+NM_DEFINE_PACK(pack_bf16_scalar, 2, 1, nm_load1_bf16, STORE1, nm_load1_bf16)
 
 #define SCALAR_MR 4
 #define SCALAR_NR 8
