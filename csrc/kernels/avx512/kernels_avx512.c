@@ -119,7 +119,7 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
 }
 
 /* ---- the first tile of a sliver, decoding B on the way (see the avx2 row) ------------- */
-#define B_AHEAD 160 /* weights: five slivers further along the same row */
+#define B_AHEAD 64 /* weights: two slivers further along the same row */
 
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16)                                     \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
