@@ -5,8 +5,9 @@
  * Bit-exactness: every C element is carried through k in ascending order, either by one
  * gemv call over all k or by consecutive kc blocks whose microkernel calls load C, extend
  * its fma chain and store it back. Storing a float32 partial result and reloading it is
- * exact, so blocking never changes a bit. Threads split the output columns (disjoint C
- * elements), never k, so the thread count never changes a bit either. */
+ * exact, so blocking never changes a bit. Threads split the output columns, and the rows
+ * when the output is narrow (disjoint C elements either way), never k, so the thread count
+ * never changes a bit either. */
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -44,7 +45,8 @@ typedef struct matmul_job {
     float *c;
     int64_t ldc;
     int accumulate;
-    atomic_int failed; /* a part could not allocate its buffer */
+    int col_parts, row_parts; /* the parts form a row_parts x col_parts grid of C blocks */
+    atomic_int failed;        /* a part could not allocate its buffer */
 } matmul_job;
 
 static void zero_block(int64_t m, int64_t n, float *c, int64_t ldc) {
@@ -66,15 +68,16 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
     }
 }
 
-/* m > 1 on columns [j_begin, j_end). For each k block (ascending) and block of rows, pack A
+/* m > 1 on rows [i_begin, i_end) and columns [j_begin, j_end). For each k block (ascending) and block of rows, pack A
  * once, then walk the columns one NR-wide sliver at a time: the first tile of a sliver
  * decodes it from the weights while computing (ukernel_pack), the tiles below reuse the
  * decoded sliver from L1. A sliver narrower than NR (the range's last) is packed first. */
-static int matmul_packed(const matmul_job *job, int64_t j_begin, int64_t j_end) {
+static int matmul_packed(const matmul_job *job, int64_t i_begin, int64_t i_end,
+                         int64_t j_begin, int64_t j_end) {
     const nm_kernel_row *row = job->row;
     const int64_t itemsize = nm_format_table[job->fmt].itemsize;
     const int64_t mr = row->mr, nr = row->nr, kc_max = row->kc;
-    const int64_t mc_max = min64(job->m, NM_A_BLOCK_ROWS / mr * mr);
+    const int64_t mc_max = min64(i_end - i_begin, NM_A_BLOCK_ROWS / mr * mr);
     const int64_t ldc = job->ldc;
     const size_t a_bytes = (size_t)((mc_max + mr - 1) / mr * mr * kc_max) * sizeof(float);
     const size_t b_bytes = (size_t)(kc_max * nr) * sizeof(float);
@@ -88,8 +91,8 @@ static int matmul_packed(const matmul_job *job, int64_t j_begin, int64_t j_end) 
     for (int64_t pc = 0; pc < job->k; pc += kc_max) {
         const int64_t kc = min64(kc_max, job->k - pc);
         const uint8_t *b_block = job->b + pc * job->ldb;
-        for (int64_t ic0 = 0; ic0 < job->m; ic0 += mc_max) {
-            const int64_t mc = min64(mc_max, job->m - ic0);
+        for (int64_t ic0 = i_begin; ic0 < i_end; ic0 += mc_max) {
+            const int64_t mc = min64(mc_max, i_end - ic0);
             pack_a(mc, kc, job->a + ic0 * job->lda + pc, job->lda, mr, a_panel);
             float *c_block = job->c + ic0 * ldc;
             for (int64_t jr = j_begin; jr < j_end; jr += nr) {
@@ -125,19 +128,29 @@ static void column_range(int64_t n, int part, int parts, int64_t *begin, int64_t
     *end = min64(n, grains * (part + 1) / parts * NM_COLUMN_GRAIN);
 }
 
+/* Rows [begin, end) of part `part` of `parts`: whole MR-row tiles, the last range ragged. */
+static void row_range(int64_t m, int64_t mr, int part, int parts, int64_t *begin,
+                      int64_t *end) {
+    const int64_t tiles = (m + mr - 1) / mr;
+    *begin = min64(m, tiles * part / parts * mr);
+    *end = min64(m, tiles * (part + 1) / parts * mr);
+}
+
 static void matmul_part(void *ctx, int part, int parts) {
+    (void)parts; /* = row_parts x col_parts */
     matmul_job *job = ctx;
-    int64_t j0, j1;
-    column_range(job->n, part, parts, &j0, &j1);
-    if (j0 >= j1) return;
-    float *c = job->c + j0;
-    if (!job->accumulate) zero_block(job->m, j1 - j0, c, job->ldc);
+    int64_t i0, i1, j0, j1;
+    column_range(job->n, part % job->col_parts, job->col_parts, &j0, &j1);
+    row_range(job->m, job->row->mr, part / job->col_parts, job->row_parts, &i0, &i1);
+    if (j0 >= j1 || i0 >= i1) return;
+    if (!job->accumulate) zero_block(i1 - i0, j1 - j0, job->c + i0 * job->ldc + j0, job->ldc);
     if (job->k == 0) return;
     if (job->m == 1) {
         /* nothing to amortise: stream B once, straight */
         const int64_t itemsize = nm_format_table[job->fmt].itemsize;
-        job->row->gemv[job->fmt](job->k, j1 - j0, job->a, job->b + j0 * itemsize, job->ldb, c);
-    } else if (matmul_packed(job, j0, j1) != NM_OK) {
+        job->row->gemv[job->fmt](job->k, j1 - j0, job->a, job->b + j0 * itemsize, job->ldb,
+                                 job->c + j0);
+    } else if (matmul_packed(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
     }
 }
@@ -147,12 +160,19 @@ int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k
               int64_t ldc, int accumulate) {
     if (fmt < 0 || fmt >= NM_FMT_COUNT || m < 0 || n < 0 || k < 0) return NM_EINVAL;
     if (m == 0 || n == 0) return NM_OK;
-    matmul_job job = {row, fmt, m, n, k, a, lda, b, ldb, c, ldc, accumulate, 0};
-    int parts = 1;
+    matmul_job job = {row, fmt, m, n, k, a, lda, b, ldb, c, ldc, accumulate, 1, 1, 0};
     if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK) {
+        /* Columns first: each weight is then decoded by one thread only. When there are
+         * fewer column grains than threads (narrow outputs), the rest split the rows, each
+         * row part decoding its columns' weights again: fine for the narrow n that asks
+         * for it. */
+        const int threads = nm_get_num_threads();
         const int64_t grains = (n + NM_COLUMN_GRAIN - 1) / NM_COLUMN_GRAIN;
-        parts = (int)min64(nm_get_num_threads(), grains);
+        job.col_parts = (int)min64(threads, grains);
+        const int64_t tiles = m / row->mr;
+        if (job.col_parts < threads && tiles >= 2)
+            job.row_parts = (int)min64(threads / job.col_parts, tiles);
     }
-    nm_parallel_run(matmul_part, &job, parts);
+    nm_parallel_run(matmul_part, &job, job.col_parts * job.row_parts);
     return atomic_load(&job.failed) ? NM_ENOMEM : NM_OK;
 }

@@ -198,8 +198,11 @@ static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
         run_case(row, ref, fmt, 1, 1100, 300, 0, 3);
         run_case(row, ref, fmt, 17, 1100, 300, 1, 2);
         run_case(row, ref, fmt, 33, 700, 513, 0, 3);
-        /* more rows than one packed A block (2048): the block edge, on 7 threads */
+        /* more rows than one packed A block (2048): the block edge, on 7 threads (3 column
+         * parts x 2 row parts) */
         run_case(row, ref, fmt, 2053, 200, 19, 1, 7);
+        /* one column grain: the rows are split instead, in ragged MR-row ranges */
+        run_case(row, ref, fmt, 101, 30, 300, 0, 3);
     }
 }
 
