@@ -1,7 +1,7 @@
-/* bochscpu-python 0.4.0 (pinned in pyproject.toml) has a Linux wheel that calls glibc 2.38's C23 aliases of strtoull and sscanf
- * while its tag admits older glibc (Debian 12 has 2.36). Preloaded into the emulator's
- * process only, when the plain import fails; the aliases behave as the classic functions
- * for the inputs bochscpu gives them (no "0b" prefixes). */
+/* bochscpu-python 0.4.0 (pinned in pyproject.toml) has a Linux wheel that calls glibc 2.38's
+ * C23 aliases of strtoull and sscanf while its tag admits older glibc (Debian 12 has 2.36).
+ * Preloaded into the emulator's process only, when the plain import fails; the aliases
+ * behave as the classic functions for the inputs bochscpu gives them (no "0b" prefixes). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
