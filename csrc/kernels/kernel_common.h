@@ -73,6 +73,11 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
  *   LOADW(p)          L weights at byte address p, as float32 (exact)
  *   FMA(acc, x, y)    acc + x * y with one rounding
  *   PREFETCH(p)       a hint for byte address p (may be a no-op; never faults) */
+/* one row of B (at bq, vectors w bytes apart) times x, into the four accumulators */
+#define NM_GEMV_ROW4_(FMA, LOADW, bq, w, x)                                                  \
+    (c0 = FMA(c0, x, LOADW(bq)), c1 = FMA(c1, x, LOADW((bq) + (w))),                         \
+     c2 = FMA(c2, x, LOADW((bq) + 2 * (w))), c3 = FMA(c3, x, LOADW((bq) + 3 * (w))))
+
 #define NM_DEFINE_GEMV_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,     \
                             LOAD1)                                                           \
     static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
@@ -89,14 +94,10 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
                 const int64_t o = (ITEM) * j, w = (ITEM) * (L);                              \
                 for (int64_t q = 4; q < 8; ++q) /* the next group's rows, same columns */    \
                     for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b0 + q * ldb + o + l);  \
-                c0 = FMA(c0, a0, LOADW(b0 + o)), c1 = FMA(c1, a0, LOADW(b0 + o + w));        \
-                c2 = FMA(c2, a0, LOADW(b0 + o + 2 * w)), c3 = FMA(c3, a0, LOADW(b0 + o + 3 * w)); \
-                c0 = FMA(c0, a1, LOADW(b1 + o)), c1 = FMA(c1, a1, LOADW(b1 + o + w));        \
-                c2 = FMA(c2, a1, LOADW(b1 + o + 2 * w)), c3 = FMA(c3, a1, LOADW(b1 + o + 3 * w)); \
-                c0 = FMA(c0, a2, LOADW(b2 + o)), c1 = FMA(c1, a2, LOADW(b2 + o + w));        \
-                c2 = FMA(c2, a2, LOADW(b2 + o + 2 * w)), c3 = FMA(c3, a2, LOADW(b2 + o + 3 * w)); \
-                c0 = FMA(c0, a3, LOADW(b3 + o)), c1 = FMA(c1, a3, LOADW(b3 + o + w));        \
-                c2 = FMA(c2, a3, LOADW(b3 + o + 2 * w)), c3 = FMA(c3, a3, LOADW(b3 + o + 3 * w)); \
+                NM_GEMV_ROW4_(FMA, LOADW, b0 + o, w, a0);                                    \
+                NM_GEMV_ROW4_(FMA, LOADW, b1 + o, w, a1);                                    \
+                NM_GEMV_ROW4_(FMA, LOADW, b2 + o, w, a2);                                    \
+                NM_GEMV_ROW4_(FMA, LOADW, b3 + o, w, a3);                                    \
                 STOREC(c + j, c0), STOREC(c + j + (L), c1);                                  \
                 STOREC(c + j + 2 * (L), c2), STOREC(c + j + 3 * (L), c3);                    \
             }                                                                                \

@@ -22,14 +22,13 @@ static inline __m256 load8_fp16(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); /* exact */
 }
 
-/* one fp16 weight through F16C: the same bits as the portable codec, a few times faster */
+/* one fp16 weight through F16C: the portable codec's bits in one instruction */
 static inline float load1_fp16_f16c(const uint8_t *p) { return _cvtsh_ss(nm_load_u16(p)); }
 
 static inline __m256 load8_bf16(const uint8_t *p) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
 }
-
 
 /* ---- m == 1: stream B four rows at a time, 32 columns per step ----------------------- */
 

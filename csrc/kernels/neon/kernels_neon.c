@@ -28,7 +28,6 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
 }
 
-
 /* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
 
 /* No software prefetch: unmeasured on Arm hardware, the hardware prefetchers are trusted. */
