@@ -89,6 +89,20 @@ typedef struct nm_kernel_row {
 /* Set a slot of a row and the C name it is reported by: NM_SET_SLOT(row, gemv, fmt, fn). */
 #define NM_SET_SLOT(row, slot, fmt, fn) ((row)->slot[fmt] = (fn), (row)->slot##_name[fmt] = #fn)
 
+/* Every format of a matmul slot from functions named <slot>_<format>_<isa>, e.g.
+ * NM_SET_MATMUL_SLOTS(row, gemv, avx2) sets gemv_f32_avx2, gemv_fp16_avx2, gemv_bf16_avx2. */
+#define NM_SET_MATMUL_SLOTS(row, slot, isa)                                                  \
+    (NM_SET_SLOT(row, slot, NM_FMT_F32, slot##_f32_##isa),                                   \
+     NM_SET_SLOT(row, slot, NM_FMT_FP16, slot##_fp16_##isa),                                 \
+     NM_SET_SLOT(row, slot, NM_FMT_BF16, slot##_bf16_##isa))
+
+/* The 16-bit formats' array codecs, named decode_<format>_<isa> and encode_<format>_<isa>. */
+#define NM_SET_CODEC_SLOTS(row, isa)                                                         \
+    (NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_##isa),                               \
+     NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_##isa),                               \
+     NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_##isa),                               \
+     NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_##isa))
+
 /* Each ISA folder provides one function filling a row; a SIMD row starts as a copy of the
  * scalar row and overrides the slots it implements, so no slot is ever empty. */
 void nm_fill_row_scalar(nm_kernel_row *row);

@@ -239,21 +239,12 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     row->mr = MR;
     row->nr = NR;
     row->kc = 256; /* a 24 KiB sliver, which the tiles below the first reuse from L1 */
-    NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_avx2);
-    NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_avx2);
-    NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_avx2);
-    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_avx2);
-    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_avx2);
-    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_avx2);
+    NM_SET_MATMUL_SLOTS(row, gemv, avx2);
+    NM_SET_MATMUL_SLOTS(row, pack, avx2);
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";
-    NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_avx2);
-    NM_SET_SLOT(row, ukernel_pack, NM_FMT_FP16, ukernel_pack_fp16_avx2);
-    NM_SET_SLOT(row, ukernel_pack, NM_FMT_BF16, ukernel_pack_bf16_avx2);
-    NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_avx2);
-    NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_avx2);
-    NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_avx2);
-    NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_avx2);
+    NM_SET_MATMUL_SLOTS(row, ukernel_pack, avx2);
+    NM_SET_CODEC_SLOTS(row, avx2);
     row->probe_fma = probe_fma_avx2;
     row->probe_fma_flops = 12 * 8 * 2;
     row->probe_read = probe_read_avx2;

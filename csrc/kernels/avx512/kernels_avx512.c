@@ -212,21 +212,12 @@ void nm_fill_row_avx512(nm_kernel_row *row) {
     row->mr = MR;
     row->nr = NR;
     row->kc = 128; /* a 16 KiB sliver and a 4 KiB A micro-panel stay in a 32 KiB L1 */
-    NM_SET_SLOT(row, gemv, NM_FMT_F32, gemv_f32_avx512);
-    NM_SET_SLOT(row, gemv, NM_FMT_FP16, gemv_fp16_avx512);
-    NM_SET_SLOT(row, gemv, NM_FMT_BF16, gemv_bf16_avx512);
-    NM_SET_SLOT(row, pack, NM_FMT_F32, pack_f32_avx512);
-    NM_SET_SLOT(row, pack, NM_FMT_FP16, pack_fp16_avx512);
-    NM_SET_SLOT(row, pack, NM_FMT_BF16, pack_bf16_avx512);
+    NM_SET_MATMUL_SLOTS(row, gemv, avx512);
+    NM_SET_MATMUL_SLOTS(row, pack, avx512);
     row->ukernel = ukernel_8x32_avx512;
     row->ukernel_name = "ukernel_8x32_avx512";
-    NM_SET_SLOT(row, ukernel_pack, NM_FMT_F32, ukernel_pack_f32_avx512);
-    NM_SET_SLOT(row, ukernel_pack, NM_FMT_FP16, ukernel_pack_fp16_avx512);
-    NM_SET_SLOT(row, ukernel_pack, NM_FMT_BF16, ukernel_pack_bf16_avx512);
-    NM_SET_SLOT(row, decode, NM_FMT_FP16, decode_fp16_avx512);
-    NM_SET_SLOT(row, decode, NM_FMT_BF16, decode_bf16_avx512);
-    NM_SET_SLOT(row, encode, NM_FMT_FP16, encode_fp16_avx512);
-    NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_avx512);
+    NM_SET_MATMUL_SLOTS(row, ukernel_pack, avx512);
+    NM_SET_CODEC_SLOTS(row, avx512);
     row->probe_fma = probe_fma_avx512;
     row->probe_fma_flops = 12 * 16 * 2;
     row->probe_read = probe_read_avx512;
