@@ -10,6 +10,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
+#include "../x86_common.h"
 
 #define MR 4
 #define NR 24
@@ -22,9 +23,6 @@ static inline __m256 load8_fp16(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); /* exact */
 }
 
-/* one fp16 weight through F16C: the portable codec's bits in one instruction */
-static inline float load1_fp16_f16c(const uint8_t *p) { return _cvtsh_ss(nm_load_u16(p)); }
-
 static inline __m256 load8_bf16(const uint8_t *p) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
@@ -33,7 +31,6 @@ static inline __m256 load8_bf16(const uint8_t *p) {
 /* ---- m == 1: stream B four rows at a time, 32 columns per step ----------------------- */
 
 #define FMADD8(acc, x, y) _mm256_fmadd_ps(x, y, acc)
-#define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 NM_DEFINE_GEMV_SIMD(gemv_f32_avx2, 4, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps,
                     _mm256_storeu_ps, load8_f32, FMADD8, PREFETCH_T0, nm_load1_f32)
@@ -90,20 +87,6 @@ NM_DEFINE_PACK(pack_bf16_avx2, 2, 8, load8_bf16, _mm256_storeu_ps, nm_load1_bf16
     _mm256_storeu_ps(c2p, c20), _mm256_storeu_ps(c2p + 8, c21);                              \
     _mm256_storeu_ps(c2p + 16, c22), _mm256_storeu_ps(c3p, c30);                             \
     _mm256_storeu_ps(c3p + 8, c31), _mm256_storeu_ps(c3p + 16, c32);
-
-/* The next tile's C rows come from L3 or DRAM when m x n is large; asking for them now
- * hides that latency behind this tile's kc steps. A macro, not a function: GCC 12 takes a
- * static function that only prefetches for one without effects and deletes its calls. */
-#define PREFETCH_C_TILE(c_next, ldc)                                                         \
-    do {                                                                                     \
-        if (c_next)                                                                          \
-            for (int i_ = 0; i_ < MR; ++i_) {                                                \
-                const char *r_ = (const char *)((c_next) + i_ * (ldc));                      \
-                _mm_prefetch(r_, _MM_HINT_T0);                                               \
-                _mm_prefetch(r_ + 64, _MM_HINT_T0);                                          \
-                _mm_prefetch(r_ + NR * sizeof(float) - 1, _MM_HINT_T0);                      \
-            }                                                                                \
-    } while (0)
 
 static void tile_4x24(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                       const float *c_next) {

@@ -14,6 +14,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
+#include "../x86_common.h"
 
 #define MR 8
 #define NR 32
@@ -26,9 +27,6 @@ static inline __m512 load16_fp16(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); /* exact */
 }
 
-/* one fp16 weight through F16C: the portable codec's bits in one instruction */
-static inline float load1_fp16_f16c(const uint8_t *p) { return _cvtsh_ss(nm_load_u16(p)); }
-
 static inline __m512 load16_bf16(const uint8_t *p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
@@ -37,7 +35,6 @@ static inline __m512 load16_bf16(const uint8_t *p) {
 /* ---- m == 1: stream B four rows at a time, 64 columns per step ----------------------- */
 
 #define FMADD16(acc, x, y) _mm512_fmadd_ps(x, y, acc)
-#define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 NM_DEFINE_GEMV_SIMD(gemv_f32_avx512, 4, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
                     _mm512_storeu_ps, load16_f32, FMADD16, PREFETCH_T0, nm_load1_f32)
@@ -85,18 +82,6 @@ NM_DEFINE_PACK(pack_bf16_avx512, 2, 16, load16_bf16, _mm512_storeu_ps, nm_load1_
     FMA_ROW(5, ap, p, b0, b1);                                                               \
     FMA_ROW(6, ap, p, b0, b1);                                                               \
     FMA_ROW(7, ap, p, b0, b1)
-
-/* The next tile's C rows, asked for now (a macro: see the avx2 row for why). */
-#define PREFETCH_C_TILE(c_next, ldc)                                                         \
-    do {                                                                                     \
-        if (c_next)                                                                          \
-            for (int i_ = 0; i_ < MR; ++i_) {                                                \
-                const char *r_ = (const char *)((c_next) + i_ * (ldc));                      \
-                _mm_prefetch(r_, _MM_HINT_T0);                                               \
-                _mm_prefetch(r_ + 64, _MM_HINT_T0);                                          \
-                _mm_prefetch(r_ + NR * sizeof(float) - 1, _MM_HINT_T0);                      \
-            }                                                                                \
-    } while (0)
 
 static void tile_8x32(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                       const float *c_next) {
