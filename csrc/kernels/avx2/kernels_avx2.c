@@ -114,9 +114,9 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
  * Each step converts one row of the sliver (3 x 8 weights), stores it for the tiles below
  * and feeds the same registers to the 12 FMAs, so the decode rides along with the
  * arithmetic instead of costing a pass of its own. B is read 48 or 96 bytes per row across
- * kc rows, a pattern the hardware prefetchers do not follow, so each step asks for the same
- * row B_AHEAD weights further on, between two and three slivers ahead. Further is worse when
- * m is large: with 32 tiles per sliver at m = 128, lines fetched five slivers early were
+ * kc rows, a pattern the hardware prefetchers do not follow, so each step asks for every
+ * line of the same row B_AHEAD weights further on, two to three slivers ahead. Further is
+ * worse when m is large: with 32 tiles per sliver at m = 128, lines fetched five slivers early were
  * evicted again before use (C microbenchmark, warm L3: 128 weights 77-84 GFLOP/s, 64 weights
  * 94, 32 weights 86, none 67; m = 16: 84-87, 84-85, 60-63, 31-45). */
 #define B_AHEAD 64
@@ -128,7 +128,7 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
         TILE_LOAD_C(c, ldc)                                                                  \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
-            _mm_prefetch((const char *)(src + (ITEM) * B_AHEAD), _MM_HINT_T0);               \
+            PREFETCH_SLIVER_ROW_AHEAD(src, ITEM);                                            \
             const __m256 b0 = LOAD8(src), b1 = LOAD8(src + 8 * (ITEM)),                      \
                          b2 = LOAD8(src + 16 * (ITEM));                                      \
             float *bq = bp + p * NR;                                                         \

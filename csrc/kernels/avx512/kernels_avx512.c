@@ -113,7 +113,7 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
         TILE_LOAD_C(c, ldc)                                                                  \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
-            _mm_prefetch((const char *)(src + (ITEM) * B_AHEAD), _MM_HINT_T0);               \
+            PREFETCH_SLIVER_ROW_AHEAD(src, ITEM);                                            \
             const __m512 b0 = LOAD16(src), b1 = LOAD16(src + 16 * (ITEM));                   \
             _mm512_store_ps(bp + p * NR, b0);                                                \
             _mm512_store_ps(bp + p * NR + 16, b1);                                           \
