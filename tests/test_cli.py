@@ -64,6 +64,11 @@ def test_bench_small_shape_writes_json(tmp_path):
         assert r["calls"] >= 3
         if r["system"] == "narrowmm":
             assert r["isa"] == "scalar"
+        if r["system"] == "narrowmm" and r["m"] == 1:  # the read probe paired with its calls
+            assert r["paired_read_gbps"] > 0
+            assert abs(r["pct_of_paired_read"] - 100 * r["gbps"] / r["paired_read_gbps"]) < 1e-6
+        else:
+            assert r["paired_read_gbps"] == r["pct_of_paired_read"] == 0
 
 
 def test_bench_rejects_an_isa_row_the_cpu_lacks():

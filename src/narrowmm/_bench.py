@@ -66,6 +66,9 @@ class Result:
     gflops: float = 0.0
     limit: str = ""
     pct_of_limit: float = 0.0
+    # m == 1, narrowmm only: the read probe timed between the same calls (see Case.probe)
+    paired_read_gbps: float = 0.0
+    pct_of_paired_read: float = 0.0
 
 
 @dataclass
@@ -165,20 +168,26 @@ def all_threads(n: int, torch: Any) -> Iterator[None]:
 
 # ---- timing ---------------------------------------------------------------------------
 
-def time_calls(fn: Callable[[int], object], min_calls: int, budget_s: float) -> list[float]:
+def time_calls(fn: Callable[[int], object], min_calls: int, budget_s: float,
+               between: Callable[[int], float] | None = None) -> tuple[list[float], list[float]]:
     """Call ``fn(i)`` (i counts calls, for rotating weight copies) until ``min_calls`` calls
-    and ``budget_s`` seconds have both passed; each call's time in ms."""
+    and ``budget_s`` seconds have both passed; each call's time in ms. With ``between``, it
+    is called after each call too and its return values (seconds) are kept, in ms: the
+    second list, empty otherwise."""
     times: list[float] = []
+    others: list[float] = []
     start = time.perf_counter()
     i = 0
     while len(times) < min_calls or time.perf_counter() - start < budget_s:
         t0 = time.perf_counter()
         fn(i)
         times.append((time.perf_counter() - t0) * 1e3)
+        if between is not None:
+            others.append(between(i) * 1e3)
         i += 1
         if len(times) >= 500:
             break
-    return times
+    return times, others
 
 
 def _copies(weight_bytes: int, cache: str) -> int:
@@ -222,6 +231,31 @@ class Case:
     tol: float  # relative error allowed against the exact result (narrowmm: bit-exact)
     isa: str | None
     ref_format: str  # whose exact weight values this system multiplies
+    # narrowmm at m == 1: probe(i) reads buffer i of a rotation like the weights' (about as
+    # many bytes) with the C core's read probe, returning seconds; probe_bytes per read
+    probe: Callable[[int], float] | None = None
+    probe_bytes: int = 0
+
+
+def _read_probe(nbytes: int, copies: int) -> tuple[Callable[[int], float] | None, int]:
+    """A read probe over ``copies`` float32 buffers of about ``nbytes`` each, used in turn,
+    on the current thread count and ISA row; (None, 0) when the buffer would be empty.
+
+    Timed between a system's calls, it gives the read bandwidth of the same moment and the
+    same cache state: on a shared machine the bandwidth drifts by tens of percent within
+    minutes, more than the start and end probes can tell."""
+    n = nbytes // 4 // 64 * 64  # whole 64-float chunks, as probe_read splits them
+    if n == 0:
+        return None, 0
+    bufs = [_aligned_floats(n) for _ in range(copies)]
+    for b in bufs:
+        b.fill(1.0)  # touch every page before timing
+    c = core()
+
+    def probe(i: int) -> float:
+        return c.probe_read(get_num_threads(), bufs[i % len(bufs)])
+
+    return probe, n * 4
 
 
 def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, Weights],
@@ -230,12 +264,19 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
     cases: list[Case] = []
     out = np.empty((m, n), np.float32)
     isa = core().isa()
+    probes: dict[int, tuple[Callable[[int], float] | None, int]] = {}
     for fmt in cfg.formats:
         w = exact[fmt]
         copies = [w] + [Weights.from_bits(w.bits.copy(), fmt)
                         for _ in range(_copies(w.nbytes, cache) - 1)]
+        probe, probe_bytes = None, 0
+        if m == 1:  # fp16 and bf16 share one set of buffers
+            if w.nbytes not in probes:
+                probes[w.nbytes] = _read_probe(w.nbytes, len(copies))
+            probe, probe_bytes = probes[w.nbytes]
         cases.append(Case("narrowmm", fmt, w.nbytes,
-                          lambda i, c=copies: matmul(x, c[i % len(c)], out=out), 0.0, isa, fmt))
+                          lambda i, c=copies: matmul(x, c[i % len(c)], out=out), 0.0, isa, fmt,
+                          probe, probe_bytes))
     if not cfg.peers:
         return cases
     base_fmt = cfg.formats[0]
@@ -365,7 +406,9 @@ def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, 
                             "m": m, "threads": t, "cache": cache,
                             "reason": f"one call took {first:.1f} s (limit {SLOW_CALL_S} s)"})
         return None
-    times = time_calls(lambda i: case.call(i + 1), cfg.min_calls, cfg.budget_s)
+    probe = case.probe
+    times, probe_ms = time_calls(lambda i: case.call(i + 1), cfg.min_calls, cfg.budget_s,
+                                 None if probe is None else (lambda i: probe(i + 1)))
     med = statistics.median(times)
     gbps = case.weight_bytes / (med * 1e-3) / 1e9
     gflops = 2.0 * m * k * n / (med * 1e-3) / 1e9
@@ -373,9 +416,13 @@ def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, 
         limit, pct = "read_gbps", 100.0 * gbps / lim.read_gbps
     else:
         limit, pct = "fma_gflops", 100.0 * gflops / lim.fma_gflops
+    paired = pct_paired = 0.0
+    if probe_ms:
+        paired = case.probe_bytes / (statistics.median(probe_ms) * 1e-3) / 1e9
+        pct_paired = 100.0 * gbps / paired
     return Result(case.system, case.format, name, k, n, m, t, cache,
                   case.isa if case.system != "narrowmm" else isa, med, min(times), max(times),
-                  len(times), case.weight_bytes, gbps, gflops, limit, pct)
+                  len(times), case.weight_bytes, gbps, gflops, limit, pct, paired, pct_paired)
 
 
 # ---- output ---------------------------------------------------------------------------
@@ -440,15 +487,16 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
         lines.append("")
         lines.append(f"narrowmm, {cache} cache, {t} thread(s)")
         head = (f"{'shape':<12}{'m':>4} {'isa':<7}{'fmt':<5}{'ms':>9}{'GB/s':>8}"
-                f"{'GFLOP/s':>9}{'% limit':>9}{'vs numpy':>10}")
+                f"{'GFLOP/s':>9}{'% limit':>9}{'% read now':>11}{'vs numpy':>10}")
         lines += [head, "-" * len(head)]
         for r in sorted((r for r in rs if r.system == "narrowmm"),
                         key=lambda r: (r.k * r.n, r.k, r.m, r.isa or "", r.format)):
             base = numpy.get((r.shape, r.m))
             ratio = f"{base.median_ms / r.median_ms:.2f}x" if base else "-"
+            now = f"{r.pct_of_paired_read:>10.0f}%" if r.paired_read_gbps else f"{'-':>11}"
             lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{r.format:<5}"
                          f"{_ms(r.median_ms, 9)}{r.gbps:>8.1f}{r.gflops:>9.1f}"
-                         f"{r.pct_of_limit:>8.0f}%{ratio:>10}")
+                         f"{r.pct_of_limit:>8.0f}%{now}{ratio:>10}")
         systems = sorted({(r.system, r.format) for r in rs if r.system != "narrowmm"})
         nm_fmts = sorted({r.format for r in rs if r.system == "narrowmm"},
                          key=NARROWMM_FORMATS.index)
@@ -574,7 +622,8 @@ def main(args: Any) -> int:
         where = " ".join(f"{k}={v}" for k, v in s.items() if k not in ("system", "reason"))
         print(f"skipped: {s['system']} {where}: {s['reason']}")
     print(f"({len(results)} measurements in {elapsed:.0f} s; ratios are NumPy float32 time "
-          "over narrowmm time, higher is better)")
+          "over narrowmm time, higher is better; % read now: at m = 1, against the read probe "
+          "timed between the same calls)")
     if args.json:
         doc = {"schema": SCHEMA, "machine": {**info, "l3_bytes": l3_bytes(),
                                              "platform": platform.platform(),
