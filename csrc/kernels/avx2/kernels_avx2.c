@@ -116,9 +116,9 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
  * arithmetic instead of costing a pass of its own. B is read 48 or 96 bytes per row across
  * kc rows, a pattern the hardware prefetchers do not follow, so each step asks for every
  * line of the same row B_AHEAD weights further on, two to three slivers ahead. Further is
- * worse when m is large: with 32 tiles per sliver at m = 128, lines fetched five slivers early were
- * evicted again before use (C microbenchmark, warm L3: 128 weights 77-84 GFLOP/s, 64 weights
- * 94, 32 weights 86, none 67; m = 16: 84-87, 84-85, 60-63, 31-45). */
+ * worse when m is large: with 32 tiles per sliver at m = 128, lines fetched five slivers
+ * early were evicted again before use (C microbenchmark, warm L3: 128 weights 77-84
+ * GFLOP/s, 64 weights 94, 32 weights 86, none 67; m = 16: 84-87, 84-85, 60-63, 31-45). */
 #define B_AHEAD 64
 
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD8)                                      \
