@@ -1,6 +1,6 @@
 /* narrowmm perf harness: how fast can m == 1 read fp16 weights, by layout? (x86-64, AVX2)
  *
- * Times four ways of reading the same number of cold bytes, on 1..4 persistent threads, in
+ * Times six ways of reading the same number of cold bytes, on 1..4 persistent threads, in
  * turn, so that every way sees the same moment of a noisy machine:
  *   sequential   each thread sums its contiguous half of the buffer (the bench's read probe)
  *   row pattern  each thread sums its columns of every row, four rows at a time, no math
@@ -8,6 +8,8 @@
  *   sliver gemv  weights stored sliver-major (each 24-column sliver's k rows contiguous),
  *                four slivers at a time with 12 accumulators in registers: four long
  *                streams per thread. Same fma chain per column, so the same bits.
+ *   panel96 gemv 96-column panels, four at a time, C in L1 (four streams, C traffic)
+ *   sliver8 gemv 8-column slivers, twelve at a time in registers (twelve streams)
  * It is not part of the library or its tests; it backs the measurements in docs/kernels.md.
  *
  *   cc -O2 -mavx2 -mfma -mf16c -Icsrc/kernels tools/perf/gemv_layouts.c -o /tmp/gemv_layouts \
@@ -52,6 +54,7 @@ static void gemv_slivers(int64_t k, int64_t count, const float *a, const uint8_t
         for (int64_t p = 0; p < k; ++p) {
             const __m256 ap = _mm256_set1_ps(a[p]);
             const int64_t o = p * 48;
+#pragma GCC unroll 3
             for (int v = 0; v < 3; ++v) {
                 acc[v] = _mm256_fmadd_ps(ap, load8_fp16(b0 + o + 16 * v), acc[v]);
                 acc[3 + v] = _mm256_fmadd_ps(ap, load8_fp16(b1 + o + 16 * v), acc[3 + v]);
@@ -63,8 +66,55 @@ static void gemv_slivers(int64_t k, int64_t count, const float *a, const uint8_t
     }
 }
 
-enum { SEQUENTIAL, ROW_PATTERN, ROW_GEMV, SLIVER_GEMV, WAYS };
-static const char *way_name[WAYS] = {"sequential", "row pattern", "row gemv", "sliver gemv"};
+/* The same four-slivers-at-a-time walk over other stream widths, for comparison:
+ * 96-column panels (k x 192 bytes each), four at a time with C in L1, four rows a group;
+ * 8-column slivers (k x 16 bytes each), twelve at a time with 12 accumulators. */
+static void gemv_panels96(int64_t k, int64_t panels, const float *a, const uint8_t *b,
+                          float *c) {
+    const int64_t panel = k * 192;
+    memset(c, 0, (size_t)(panels * 96) * sizeof(float));
+    for (int64_t q0 = 0; q0 < panels; q0 += 4)
+        for (int64_t p = 0; p + 4 <= k; p += 4)
+            for (int64_t q = q0; q < q0 + 4 && q < panels; ++q)
+                for (int v = 0; v < 12; v += 4) { /* four independent chains at a time */
+                    const uint8_t *r = b + q * panel + p * 192 + 16 * v;
+                    float *cv = c + q * 96 + 8 * v;
+                    __m256 acc[4];
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; ++u) acc[u] = _mm256_loadu_ps(cv + 8 * u);
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; ++i) {
+                        const __m256 ai = _mm256_set1_ps(a[p + i]);
+#pragma GCC unroll 4
+                        for (int u = 0; u < 4; ++u)
+                            acc[u] = _mm256_fmadd_ps(ai, load8_fp16(r + 192 * i + 16 * u),
+                                                     acc[u]);
+                    }
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; ++u) _mm256_storeu_ps(cv + 8 * u, acc[u]);
+                }
+}
+
+static void gemv_slivers8(int64_t k, int64_t groups, const float *a, const uint8_t *b,
+                          float *c) {
+    const int64_t sliver = k * 16;
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *bg = b + g * 12 * sliver;
+        __m256 acc[12];
+        for (int i = 0; i < 12; ++i) acc[i] = _mm256_setzero_ps();
+        for (int64_t p = 0; p < k; ++p) {
+            const __m256 ap = _mm256_set1_ps(a[p]);
+#pragma GCC unroll 12
+            for (int i = 0; i < 12; ++i)
+                acc[i] = _mm256_fmadd_ps(ap, load8_fp16(bg + i * sliver + p * 16), acc[i]);
+        }
+        for (int i = 0; i < 12; ++i) _mm256_storeu_ps(c + g * 96 + 8 * i, acc[i]);
+    }
+}
+
+enum { SEQUENTIAL, ROW_PATTERN, ROW_GEMV, SLIVER_GEMV, PANEL96_GEMV, SLIVER8_GEMV, WAYS };
+static const char *way_name[WAYS] = {"sequential", "row pattern", "row gemv",
+                                     "sliver gemv", "panel96 gemv", "sliver8 gemv"};
 
 typedef struct {
     int way, part, parts;
@@ -105,10 +155,13 @@ static void run(job *j) {
                         s1 = _mm256_add_epi32(s1, _mm256_loadu_si256((const __m256i *)(r + 32)));
                     }
         }
-    } else {
-        const int64_t groups = j->n / 96; /* four slivers each */
+    } else { /* the sliver-major layouts: whole 96-column groups per thread */
+        const int64_t groups = j->n / 96;
         const int64_t g0 = groups * j->part / j->parts, g1 = groups * (j->part + 1) / j->parts;
-        gemv_slivers(j->k, 4 * (g1 - g0), j->a, j->b + g0 * 4 * j->k * 48, j->c + g0 * 96);
+        const uint8_t *bg = j->b + g0 * j->k * 192;
+        if (j->way == SLIVER_GEMV) gemv_slivers(j->k, 4 * (g1 - g0), j->a, bg, j->c + g0 * 96);
+        if (j->way == PANEL96_GEMV) gemv_panels96(j->k, g1 - g0, j->a, bg, j->c + g0 * 96);
+        if (j->way == SLIVER8_GEMV) gemv_slivers8(j->k, g1 - g0, j->a, bg, j->c + g0 * 96);
     }
     j->sink = _mm256_add_epi32(s0, s1);
 }
