@@ -45,9 +45,23 @@ typedef struct matmul_job {
     float *c;
     int64_t ldc;
     int accumulate;
+    int packed; /* B is in the row's sliver-major layout (nm_matmul_packed); ldb unused */
     int col_parts, row_parts; /* the parts form a row_parts x col_parts grid of C blocks */
     atomic_int failed;        /* a part could not allocate its buffer */
 } matmul_job;
+
+/* Rows p.. of the weights of columns j.. (j a multiple of NR when packed), and the stride
+ * between those rows: the only place that knows the two layouts apart. */
+static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, int64_t *ldb) {
+    const int64_t itemsize = nm_format_table[job->fmt].itemsize;
+    if (!job->packed) {
+        *ldb = job->ldb;
+        return job->b + p * job->ldb + j * itemsize;
+    }
+    const int64_t nr = job->row->nr;
+    *ldb = nr * itemsize;
+    return job->b + ((j / nr) * job->k + p) * nr * itemsize;
+}
 
 static void zero_block(int64_t m, int64_t n, float *c, int64_t ldc) {
     for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
@@ -68,14 +82,14 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
     }
 }
 
-/* m > 1 on rows [i_begin, i_end) and columns [j_begin, j_end). For each k block (ascending) and block of rows, pack A
- * once, then walk the columns one NR-wide sliver at a time: the first tile of a sliver
- * decodes it from the weights while computing (ukernel_pack), the tiles below reuse the
- * decoded sliver from L1. A sliver narrower than NR (the range's last) is packed first. */
-static int matmul_packed(const matmul_job *job, int64_t i_begin, int64_t i_end,
+/* m > 1 on rows [i_begin, i_end) and columns [j_begin, j_end). For each k block (ascending)
+ * and block of rows, pack A once, then walk the columns one NR-wide sliver at a time: the
+ * first tile of a sliver decodes it from the weights while computing (ukernel_pack), the
+ * tiles below reuse the decoded sliver from L1. A sliver narrower than NR (the range's
+ * last) is packed first. Either weight layout: weights_at finds the sliver's rows. */
+static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                          int64_t j_begin, int64_t j_end) {
     const nm_kernel_row *row = job->row;
-    const int64_t itemsize = nm_format_table[job->fmt].itemsize;
     const int64_t mr = row->mr, nr = row->nr, kc_max = row->kc;
     const int64_t mc_max = min64(i_end - i_begin, NM_A_BLOCK_ROWS / mr * mr);
     const int64_t ldc = job->ldc;
@@ -90,14 +104,14 @@ static int matmul_packed(const matmul_job *job, int64_t i_begin, int64_t i_end,
     }
     for (int64_t pc = 0; pc < job->k; pc += kc_max) {
         const int64_t kc = min64(kc_max, job->k - pc);
-        const uint8_t *b_block = job->b + pc * job->ldb;
         for (int64_t ic0 = i_begin; ic0 < i_end; ic0 += mc_max) {
             const int64_t mc = min64(mc_max, i_end - ic0);
             pack_a(mc, kc, job->a + ic0 * job->lda + pc, job->lda, mr, a_panel);
             float *c_block = job->c + ic0 * ldc;
             for (int64_t jr = j_begin; jr < j_end; jr += nr) {
                 const int64_t w = min64(nr, j_end - jr);
-                const uint8_t *b_sliver = b_block + jr * itemsize;
+                int64_t ldb;
+                const uint8_t *b_sliver = weights_at(job, pc, jr, &ldb);
                 for (int64_t ic = 0; ic < mc; ic += mr) {
                     float *c_tile = c_block + ic * ldc + jr;
                     /* the tile computed next: the one below, or the top of the next sliver */
@@ -107,11 +121,11 @@ static int matmul_packed(const matmul_job *job, int64_t i_begin, int64_t i_end,
                     const float *ap = a_panel + ic * kc;
                     const int64_t rows = min64(mr, mc - ic);
                     if (ic == 0 && w == nr) {
-                        row->ukernel_pack[job->fmt](kc, rows, ap, b_sliver, job->ldb, sliver,
-                                                    c_tile, ldc, c_next);
+                        row->ukernel_pack[job->fmt](kc, rows, ap, b_sliver, ldb, sliver, c_tile,
+                                                    ldc, c_next);
                         continue;
                     }
-                    if (ic == 0) row->pack[job->fmt](kc, w, b_sliver, job->ldb, (int)nr, sliver);
+                    if (ic == 0) row->pack[job->fmt](kc, w, b_sliver, ldb, (int)nr, sliver);
                     row->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
                 }
             }
@@ -147,20 +161,23 @@ static void matmul_part(void *ctx, int part, int parts) {
     if (job->k == 0) return;
     if (job->m == 1) {
         /* nothing to amortise: stream B once, straight */
-        const int64_t itemsize = nm_format_table[job->fmt].itemsize;
-        job->row->gemv[job->fmt](job->k, j1 - j0, job->a, job->b + j0 * itemsize, job->ldb,
-                                 job->c + j0);
-    } else if (matmul_packed(job, i0, i1, j0, j1) != NM_OK) {
+        int64_t ldb;
+        const uint8_t *b = weights_at(job, 0, j0, &ldb);
+        if (job->packed)
+            job->row->gemv_packed[job->fmt](job->k, j1 - j0, job->a, b, job->c + j0);
+        else
+            job->row->gemv[job->fmt](job->k, j1 - j0, job->a, b, ldb, job->c + j0);
+    } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
     }
 }
 
-int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
-              const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
-              int64_t ldc, int accumulate) {
+static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+                      const float *a, int64_t lda, const uint8_t *b, int64_t ldb, int packed,
+                      float *c, int64_t ldc, int accumulate) {
     if (fmt < 0 || fmt >= NM_FMT_COUNT || m < 0 || n < 0 || k < 0) return NM_EINVAL;
     if (m == 0 || n == 0) return NM_OK;
-    matmul_job job = {row, fmt, m, n, k, a, lda, b, ldb, c, ldc, accumulate, 1, 1, 0};
+    matmul_job job = {row, fmt, m, n, k, a, lda, b, ldb, c, ldc, accumulate, packed, 1, 1, 0};
     if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK) {
         /* Columns first: each weight is then decoded by one thread only. When there are
          * fewer column grains than threads (narrow outputs), the rest split the rows, each
@@ -175,4 +192,16 @@ int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k
     }
     nm_parallel_run(matmul_part, &job, job.col_parts * job.row_parts);
     return atomic_load(&job.failed) ? NM_ENOMEM : NM_OK;
+}
+
+int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+              const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
+              int64_t ldc, int accumulate) {
+    return matmul_run(row, fmt, m, n, k, a, lda, b, ldb, 0, c, ldc, accumulate);
+}
+
+int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+                     const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
+                     int accumulate) {
+    return matmul_run(row, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate);
 }

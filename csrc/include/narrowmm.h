@@ -17,6 +17,15 @@ int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
               int64_t ldc, int accumulate);
 
+/* The same product on weights packed for this row (Weights.pack): ceil(n / NR) slivers of
+ * NR columns (NR = row->nr), sliver s holding columns [s*NR, s*NR + NR) as k rows of NR
+ * contiguous weights (row p at byte (s*k + p) * NR * itemsize from b), the columns past n
+ * zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
+ * changes. */
+int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+                     const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
+                     int accumulate);
+
 /* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
  * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
  * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */

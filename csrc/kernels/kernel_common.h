@@ -120,6 +120,49 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
         }                                                                                    \
     }
 
+/* The m == 1 product on packed weights (nm_gemv_packed_fn), written once from the row's
+ * vector operations: G slivers of NRW columns at a time, their accumulators (G x NRW/L
+ * vectors) in registers for all of k, so C is loaded and stored once per sliver and the
+ * weights are read as G contiguous streams; then single slivers; the last sliver, narrower
+ * than NRW, runs on a zero-padded scratch copy of its C (its padding weights are read, their
+ * results dropped). VEC, L, SET1, LOADC, STOREC, LOADW, FMA: as in NM_DEFINE_GEMV_SIMD. */
+#define NM_GEMV_PACKED_SLIVERS_(NAME, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW, FMA) \
+    static inline void NAME(int64_t k, const float *a, const uint8_t *b, float *c) {        \
+        enum { V_ = (NRW) / (L) };                                                           \
+        const int64_t sliver_ = k * (NRW) * (ITEM);                                          \
+        VEC acc_[(GG) * V_];                                                                 \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (GG) * V_; ++i_)                      \
+            acc_[i_] = LOADC(c + (i_ / V_) * (NRW) + (i_ % V_) * (L));                        \
+        for (int64_t p = 0; p < k; ++p) {                                                    \
+            const VEC ap_ = SET1(a[p]);                                                      \
+            const uint8_t *row_ = b + p * (NRW) * (ITEM);                                    \
+            _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (GG) * V_; ++i_)                  \
+                acc_[i_] = FMA(acc_[i_], ap_,                                                \
+                               LOADW(row_ + (i_ / V_) * sliver_ + (i_ % V_) * (L) * (ITEM)));  \
+        }                                                                                    \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (GG) * V_; ++i_)                      \
+            STOREC(c + (i_ / V_) * (NRW) + (i_ % V_) * (L), acc_[i_]);                        \
+    }
+
+#define NM_DEFINE_GEMV_PACKED(NAME, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW, FMA)   \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW, \
+                            FMA)                                                             \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW,   \
+                            FMA)                                                             \
+    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, float *c) {     \
+        const int64_t sliver = k * (NRW) * (ITEM);                                           \
+        int64_t j = 0;                                                                       \
+        for (; j + (G) * (NRW) <= n; j += (G) * (NRW), b += (G) * sliver)                    \
+            NAME##_group_(k, a, b, c + j);                                                   \
+        for (; j + (NRW) <= n; j += (NRW), b += sliver) NAME##_one_(k, a, b, c + j);         \
+        if (j < n) {                                                                         \
+            _Alignas(64) float tail[NRW] = {0};                                              \
+            memcpy(tail, c + j, (size_t)(n - j) * sizeof(float));                            \
+            NAME##_one_(k, a, b, tail);                                                      \
+            memcpy(c + j, tail, (size_t)(n - j) * sizeof(float));                            \
+        }                                                                                    \
+    }
+
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their
  * results are dropped. CALL computes on `scratch` (leading dimension NR). */

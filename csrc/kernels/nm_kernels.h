@@ -24,6 +24,15 @@
 typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
                            int64_t ldb, float *c);
 
+/* m == 1 on packed weights (the row's sliver-major layout, see nm_matmul_packed): the same
+ * chains as gemv over columns 0..n-1 of the slivers starting at b, sliver s holding its k
+ * rows of NR weights at b + s*k*NR*itemsize + p*NR*itemsize (NR of the including row).
+ * Columns of the last sliver past n are read (they are zero) but C past n is not touched.
+ * Walking a few slivers at a time keeps their accumulators in registers for all of k and
+ * reads a few long contiguous streams, which the hardware prefetchers follow. */
+typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
+                                  float *c);
+
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
@@ -70,6 +79,8 @@ typedef struct nm_kernel_row {
     int64_t kc;           /* k block the frame uses with this row (a sliver is kc x nr) */
     nm_gemv_fn gemv[NM_FMT_COUNT];
     const char *gemv_name[NM_FMT_COUNT];
+    nm_gemv_packed_fn gemv_packed[NM_FMT_COUNT];
+    const char *gemv_packed_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_FMT_COUNT];
     const char *pack_name[NM_FMT_COUNT];
     nm_ukernel_fn ukernel;

@@ -121,6 +121,47 @@ static int parse_format(int fmt) {
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
+/* The checks both layouts share, then the call: x and out float-aligned, out's rows
+ * apart, out clear of x and the weights; n is the number of output columns. */
+static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const matrix *c,
+                            int64_t n, int packed, int accumulate) {
+    const int bsize = nm_format_table[fmt].itemsize;
+    if (((uintptr_t)a->view.buf | (uintptr_t)a->ld | (uintptr_t)c->view.buf |
+         (uintptr_t)c->ld) % sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "x and out must be float32-aligned");
+        return NULL;
+    }
+    if (c->rows > 1 && c->ld < c->cols * 4) {
+        PyErr_SetString(PyExc_ValueError, "out has overlapping rows");
+        return NULL;
+    }
+    if (overlaps(c, 4, a, 4) || overlaps(c, 4, b, bsize)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with x or the weights");
+        return NULL;
+    }
+    const float *ap = (const float *)a->view.buf;
+    const uint8_t *bp = (const uint8_t *)b->view.buf;
+    float *cp = (float *)c->view.buf;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = packed ? nm_matmul_packed(current_row, fmt, a->rows, n, a->cols, ap, a->ld / 4, bp,
+                                       cp, c->ld / 4, accumulate)
+                    : nm_matmul(current_row, fmt, a->rows, n, a->cols, ap, a->ld / 4, bp,
+                                b->ld, cp, c->ld / 4, accumulate);
+    Py_END_ALLOW_THREADS
+    if (status == NM_ENOMEM) return PyErr_NoMemory();
+    if (status != NM_OK) {
+        PyErr_SetString(PyExc_ValueError, "invalid matmul arguments");
+        return NULL;
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* 16-bit weights arrive as raw bits (uint16/int16) or as NumPy float16 ('e') */
+static const char *weights_accept(int fmt) {
+    return nm_format_table[fmt].itemsize == 4 ? "f" : "Hhe";
+}
+
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
     (void)self;
     int fmt, accumulate;
@@ -129,12 +170,10 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
         return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const int bsize = nm_format_table[fmt].itemsize;
-    /* 16-bit weights arrive as raw bits (uint16/int16) or as NumPy float16 ('e') */
-    const char *b_accept = bsize == 4 ? "f" : "Hhe";
     matrix a = {0}, b = {0}, c = {0};
     PyObject *result = NULL;
     if (get_matrix(ao, "x", 0, 4, "f", &a) < 0) goto done;
-    if (get_matrix(bo, "weights", 0, bsize, b_accept, &b) < 0) goto done;
+    if (get_matrix(bo, "weights", 0, bsize, weights_accept(fmt), &b) < 0) goto done;
     if (get_matrix(co, "out", 1, 4, "f", &c) < 0) goto done;
     if (a.cols != b.rows || c.rows != a.rows || c.cols != b.cols) {
         PyErr_Format(PyExc_ValueError,
@@ -144,34 +183,48 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
                      (long long)b.cols, (long long)c.rows, (long long)c.cols);
         goto done;
     }
-    if (((uintptr_t)a.view.buf | (uintptr_t)a.ld | (uintptr_t)c.view.buf | (uintptr_t)c.ld) %
-        sizeof(float)) {
-        PyErr_SetString(PyExc_ValueError, "x and out must be float32-aligned");
+    result = run_matmul(fmt, &a, &b, &c, b.cols, 0, accumulate);
+done:
+    release(&a);
+    release(&b);
+    release(&c);
+    return result;
+}
+
+/* matmul_packed(fmt, x, slivers, n, out, accumulate): the weights as the current row's
+ * layout (nm_matmul_packed), passed as a (ceil(n / NR) * k, NR) C-contiguous array. */
+static PyObject *py_matmul_packed(PyObject *self, PyObject *args) {
+    (void)self;
+    int fmt, accumulate;
+    long long n;
+    PyObject *ao, *bo, *co;
+    if (!PyArg_ParseTuple(args, "iOOLOp:matmul_packed", &fmt, &ao, &bo, &n, &co, &accumulate))
+        return NULL;
+    if (parse_format(fmt) < 0) return NULL;
+    const int bsize = nm_format_table[fmt].itemsize;
+    const int64_t nr = current_row->nr;
+    matrix a = {0}, b = {0}, c = {0};
+    PyObject *result = NULL;
+    if (get_matrix(ao, "x", 0, 4, "f", &a) < 0) goto done;
+    if (get_matrix(bo, "packed weights", 0, bsize, weights_accept(fmt), &b) < 0) goto done;
+    if (get_matrix(co, "out", 1, 4, "f", &c) < 0) goto done;
+    if (b.cols != nr) {
+        PyErr_Format(PyExc_ValueError,
+                     "the weights were packed into %lld-column slivers, but the %s row reads "
+                     "%lld: pack them again under this row",
+                     (long long)b.cols, current_row->isa, (long long)nr);
         goto done;
     }
-    if (c.rows > 1 && c.ld < c.cols * 4) {
-        PyErr_SetString(PyExc_ValueError, "out has overlapping rows");
+    if (n < 0 || b.rows != (n + nr - 1) / nr * a.cols || (b.rows > 1 && b.ld != nr * bsize) ||
+        c.rows != a.rows || c.cols != n) {
+        PyErr_Format(PyExc_ValueError,
+                     "shapes do not match: x (%lld, %lld) @ packed weights (%lld rows of %lld, "
+                     "contiguous) for n=%lld -> out (%lld, %lld)",
+                     (long long)a.rows, (long long)a.cols, (long long)b.rows,
+                     (long long)b.cols, n, (long long)c.rows, (long long)c.cols);
         goto done;
     }
-    if (overlaps(&c, 4, &a, 4) || overlaps(&c, 4, &b, bsize)) {
-        PyErr_SetString(PyExc_ValueError, "out shares memory with x or the weights");
-        goto done;
-    }
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = nm_matmul(current_row, fmt, a.rows, b.cols, a.cols, (const float *)a.view.buf,
-                       a.ld / 4, (const uint8_t *)b.view.buf, b.ld, (float *)c.view.buf,
-                       c.ld / 4, accumulate);
-    Py_END_ALLOW_THREADS
-    if (status == NM_ENOMEM) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (status != NM_OK) {
-        PyErr_SetString(PyExc_ValueError, "invalid matmul arguments");
-        goto done;
-    }
-    result = Py_NewRef(Py_None);
+    result = run_matmul(fmt, &a, &b, &c, n, 1, accumulate);
 done:
     release(&a);
     release(&b);
@@ -273,6 +326,12 @@ static PyObject *py_cpu_features(PyObject *self, PyObject *noargs) {
     return feature_list(cpu_features);
 }
 
+static PyObject *py_pack_width(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(current_row->nr);
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -353,6 +412,12 @@ static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
         if (!r->gemv[fmt] || !r->ukernel_pack[fmt] || !r->ukernel || !r->pack[fmt])
             return PyList_New(0);
         return Py_BuildValue("[ssss]", r->gemv_name[fmt], r->ukernel_pack_name[fmt],
+                             r->ukernel_name, r->pack_name[fmt]);
+    }
+    if (strcmp(op, "matmul_packed") == 0) {
+        if (!r->gemv_packed[fmt] || !r->ukernel_pack[fmt] || !r->ukernel || !r->pack[fmt])
+            return PyList_New(0);
+        return Py_BuildValue("[ssss]", r->gemv_packed_name[fmt], r->ukernel_pack_name[fmt],
                              r->ukernel_name, r->pack_name[fmt]);
     }
     if (strcmp(op, "encode") == 0)
@@ -452,12 +517,15 @@ static PyObject *py_formats(PyObject *self, PyObject *noargs) {
 }
 
 static PyMethodDef methods[] = {
+    {"matmul_packed", py_matmul_packed, METH_VARARGS,
+     "matmul_packed(fmt, x, slivers, n, out, accumulate): the row's packed layout."},
     {"matmul", py_matmul, METH_VARARGS,
      "matmul(fmt, x, weights, out, accumulate): out (+)= x @ decode(weights)."},
     {"encode", py_encode, METH_VARARGS, "encode(fmt, float32 src, uint16 dst[, isa])."},
     {"decode", py_decode, METH_VARARGS, "decode(fmt, uint16 src, float32 dst[, isa])."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "Usable CPU features."},
     {"isa", py_isa, METH_NOARGS, "Name of the ISA row in use."},
+    {"pack_width", py_pack_width, METH_NOARGS, "Sliver width of the row's packed layout."},
     {"isa_rows", py_isa_rows, METH_NOARGS, "Compiled rows: (name, supported, missing)."},
     {"set_isa", py_set_isa, METH_O, "Switch the ISA row (tests and benchmarks)."},
     {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},

@@ -143,7 +143,8 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
     float *a = xmalloc((size_t)(m * lda + 1) * 4);
     uint8_t *braw = xmalloc((size_t)(k * ldb + 2));
     uint8_t *b = braw + 1; /* odd byte offset, odd row stride */
-    float *c_ref = xmalloc((size_t)((m + 2) * ldc) * 4), *c_got = xmalloc((size_t)((m + 2) * ldc) * 4);
+    const size_t c_bytes = (size_t)((m + 2) * ldc) * 4;
+    float *c_ref = xmalloc(c_bytes), *c_got = xmalloc(c_bytes), *c_pk = xmalloc(c_bytes);
     for (int64_t i = 0; i < m * lda; ++i) a[i] = next_float();
     for (int64_t p = 0; p < k; ++p) {
         for (int64_t j = 0; j < n; ++j) {
@@ -161,26 +162,44 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
     for (int64_t i = 0; i < (m + 2) * ldc; ++i) c_ref[i] = c_got[i] = GUARD;
     for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) c_ref[(i + 1) * ldc + j] = c_got[(i + 1) * ldc + j] = next_float();
+    memcpy(c_pk, c_got, c_bytes);
+    /* the same weights in this row's packed layout: NR-column slivers of k contiguous rows,
+     * in a buffer of exactly that size (the sanitizers see any read past it) */
+    const int64_t nr = row->nr, slivers = (n + nr - 1) / nr;
+    const size_t pk_bytes = (size_t)(slivers * k * nr * itemsize);
+    uint8_t *bpk = xmalloc(pk_bytes ? pk_bytes : 1);
+    memset(bpk, 0, pk_bytes);
+    for (int64_t sl = 0; sl < slivers; ++sl)
+        for (int64_t p = 0; p < k; ++p)
+            for (int64_t j = sl * nr; j < n && j < sl * nr + nr; ++j)
+                memcpy(bpk + ((sl * k + p) * nr + j - sl * nr) * itemsize, b + p * ldb + j * itemsize,
+                       (size_t)itemsize);
     nm_set_num_threads(1);
     int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate);
     nm_set_num_threads(threads);
     int s2 = nm_matmul(row, fmt, m, n, k, a, lda, b, ldb, c_got + ldc, ldc, accumulate);
-    long bad = 0, guard = 0;
+    int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate);
+    long bad = 0, guard = 0, bad_pk = 0, guard_pk = 0;
     for (int64_t r = 0; r < m + 2; ++r) {
         for (int64_t j = 0; j < ldc; ++j) {
             const int inside = r >= 1 && r <= m && j < n;
-            const float g = c_got[r * ldc + j];
-            if (inside)
+            const float g = c_got[r * ldc + j], gp = c_pk[r * ldc + j];
+            if (inside) {
                 bad += !same(g, c_ref[r * ldc + j]);
-            else
+                bad_pk += !same(gp, c_ref[r * ldc + j]);
+            } else {
                 guard += bits_of(g) != bits_of(GUARD);
+                guard_pk += bits_of(gp) != bits_of(GUARD);
+            }
         }
     }
-    expect(s1 == NM_OK && s2 == NM_OK && bad == 0 && guard == 0,
-           "%s %s m=%lld n=%lld k=%lld acc=%d threads=%d: %ld differ, %ld guard cells written",
+    expect(s1 == NM_OK && s2 == NM_OK && s3 == NM_OK && bad == 0 && guard == 0 && bad_pk == 0 &&
+               guard_pk == 0,
+           "%s %s m=%lld n=%lld k=%lld acc=%d threads=%d: %ld differ, %ld guard cells written; "
+           "packed weights: %ld differ, %ld guard cells written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
-           accumulate, threads, bad, guard);
-    free(a), free(braw), free(c_ref), free(c_got);
+           accumulate, threads, bad, guard, bad_pk, guard_pk);
+    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk);
 }
 
 static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {

@@ -54,12 +54,12 @@ int nm_get_num_threads(void) { return emulated_threads; }
 
 /* ---- the entry point ------------------------------------------------------------------------ */
 
-enum { EMU_MATMUL = 0, EMU_DECODE = 1, EMU_ENCODE = 2 };
+enum { EMU_MATMUL = 0, EMU_DECODE = 1, EMU_ENCODE = 2, EMU_MATMUL_PACKED = 3 };
 
 typedef struct emu_job {
     int64_t op, fmt, m, n, k, lda, ldb, ldc, accumulate, threads;
     const float *a;    /* matmul: x; encode: the floats */
-    const uint8_t *b;  /* matmul: weights; decode: the 16-bit patterns */
+    const uint8_t *b;  /* matmul: weights (packed: the row's slivers); decode: 16-bit patterns */
     void *c;           /* matmul: out; decode: floats; encode: 16-bit patterns */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
@@ -73,6 +73,10 @@ void nm_emu_main(emu_job *job) {
     case EMU_MATMUL:
         job->status = nm_matmul(&row, (int)job->fmt, job->m, job->n, job->k, job->a, job->lda,
                                 job->b, job->ldb, job->c, job->ldc, (int)job->accumulate);
+        break;
+    case EMU_MATMUL_PACKED:
+        job->status = nm_matmul_packed(&row, (int)job->fmt, job->m, job->n, job->k, job->a,
+                                       job->lda, job->b, job->c, job->ldc, (int)job->accumulate);
         break;
     case EMU_DECODE:
         row.decode[job->fmt]((const uint16_t *)job->b, job->c, job->n);
