@@ -27,6 +27,7 @@ import pytest
 from conftest import assert_same_bits
 
 import narrowmm as nm
+from narrowmm._weights import pack_slivers
 from narrowmm.providers.native import use_isa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,8 @@ UNITS = [
      ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"]),
     (EMULATED / "avx512_harness.c", ["-mfma"]),
 ]
-EMU_MATMUL, EMU_DECODE, EMU_ENCODE = 0, 1, 2
+EMU_MATMUL, EMU_DECODE, EMU_ENCODE, EMU_MATMUL_PACKED = 0, 1, 2, 3
+AVX512_NR = 32  # the avx512 row's sliver width, so its packed layout
 FMT = {"f32": 0, "fp16": 1, "bf16": 2}
 GUARD = 0x7FBADBAD  # a NaN pattern no kernel writes
 
@@ -198,4 +200,37 @@ def test_every_weight_pattern_through_both_paths(emulator, fmt, m):
     bits = np.arange(65536, dtype=np.uint16)
     case = matmul_case(rng, fmt, m, 65536, 1, accumulate=True, threads=2, b_offset=1,
                        bits=bits)
+    check_matmul(run(emulator, [case[0]]), [case])
+
+
+def packed(case):
+    """The same case on weights in the avx512 row's packed layout."""
+    job, want, shape = case
+    itemsize = 4 if job["fmt"] == FMT["f32"] else 2
+    dtype = np.float32 if itemsize == 4 else np.uint16
+    k, n = job["k"], job["n"]
+    rows = np.frombuffer(job["b"], dtype).reshape(k, job["ldb"] // itemsize)[:, :n]
+    slivers = pack_slivers(np.ascontiguousarray(rows), AVX512_NR)
+    return dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0), want, shape
+
+
+@pytest.mark.parametrize("fmt", ["f32", "fp16", "bf16"])
+def test_packed_weights_equal_the_scalar_row(emulator, fmt):
+    """nm_matmul_packed on the avx512 row (its four-sliver gemv at m = 1, the tiled path
+    reading slivers above) over the sliver edges, strided x and out, accumulate, threads."""
+    rng = np.random.default_rng(10 + FMT[fmt])
+    cases = [packed(matmul_case(rng, fmt, m, n, int(rng.choice([0, 1, 3, 17, 129, 300])),
+                                accumulate=bool(rng.integers(2)),
+                                threads=int(rng.choice([1, 2, 3, 7])),
+                                pad=int(rng.choice([0, 5]))))
+             for m in (1, 2, 9, 17) for n in (1, 31, 32, 33, 127, 128, 129, 200)]
+    cases.append(packed(matmul_case(rng, fmt, 1, 1100, 300, accumulate=False, threads=7)))
+    check_matmul(run(emulator, [c[0] for c in cases]), cases)
+
+
+@pytest.mark.parametrize("m", [1, 9])
+def test_every_weight_pattern_through_the_packed_layout(emulator, m):
+    rng = np.random.default_rng(20 + m)
+    case = packed(matmul_case(rng, "fp16", m, 65536, 1, accumulate=True, threads=2,
+                              bits=np.arange(65536, dtype=np.uint16)))
     check_matmul(run(emulator, [case[0]]), [case])

@@ -19,7 +19,7 @@ from ._runtime import runtime_info, show_runtime
 from ._safetensors import SafetensorsError, SafetensorsFile, load_safetensors
 from ._threads import get_num_threads, set_num_threads
 from ._threads import init as _init_threads
-from ._weights import Weights
+from ._weights import PackedWeights, Weights
 from .providers import FallbackWarning, Provider, use_provider
 from .providers import providers as list_providers
 
@@ -35,6 +35,7 @@ __all__ = [
     "FallbackWarning",
     "Format",
     "Linear",
+    "PackedWeights",
     "Provider",
     "SafetensorsError",
     "SafetensorsFile",

@@ -8,7 +8,7 @@ import numpy as np
 
 from ._formats import Format, get_format
 from ._interop import from_dlpack
-from ._weights import Weights
+from ._weights import PackedWeights, Weights
 from .providers import resolve
 
 _F32 = np.dtype(np.float32)
@@ -57,7 +57,7 @@ def _activations(x: object, k: int) -> tuple[np.ndarray, bool]:
 
 def matmul(
     x: np.ndarray,
-    w: Weights | np.ndarray,
+    w: Weights | PackedWeights | np.ndarray,
     out: np.ndarray | None = None,
     *,
     accumulate: bool = False,
@@ -72,7 +72,8 @@ def matmul(
     Args:
         x: float32 activations, shape (m, k) or (k,): a NumPy array or any DLPack producer
             (a PyTorch tensor, imported without a copy).
-        w: :class:`Weights` of shape (k, n), or an array ``Weights(...)`` accepts.
+        w: :class:`Weights` of shape (k, n), :class:`PackedWeights` (``Weights.pack()``:
+            same bits, faster), or an array ``Weights(...)`` accepts.
         out: optional float32 array of shape (m, n) (or (n,) for 1-D ``x``) to write into.
         accumulate: add into ``out`` (``out += x @ w``, fused per step) instead of
             overwriting it. Requires ``out``.
@@ -85,14 +86,24 @@ def matmul(
     Raises:
         TypeError: wrong dtypes or non-array arguments.
         ValueError: mismatched shapes, a read-only ``out``, ``out`` sharing memory with
-            ``x`` or the weights, ``accumulate`` without ``out``.
+            ``x`` or the weights, ``accumulate`` without ``out``, packed weights used under
+            an ISA row with another sliver width.
     """
-    if not isinstance(w, Weights):
+    packed = w if isinstance(w, PackedWeights) else None
+    if packed is None and not isinstance(w, Weights):
         w = Weights(w)
-    k, n = w.bits.shape
+    k, n = w.shape
     xa, vector = _activations(x, k)
     m = xa.shape[0]
     provider, kernel = resolve("matmul", w.format)
+    native_packed = packed is not None and provider.name == "native"
+    if native_packed:
+        from .providers.native import core
+
+        if packed.width != core().pack_width():
+            raise ValueError(f"these weights were packed for the {packed.isa} row "
+                             f"({packed.width}-column slivers); the {core().isa()} row in use "
+                             f"reads {core().pack_width()}: pack them again under it")
     if bias is not None:
         if accumulate:
             raise ValueError("bias and accumulate=True cannot be combined")
@@ -125,7 +136,12 @@ def matmul(
     if bias is not None:  # everything is validated: now the chains may start from it
         kernel_out[...] = bias
         accumulate = True
-    kernel.fn(xa, w.bits, kernel_out, bool(accumulate))
+    if native_packed:
+        core().matmul_packed(w.format.code, xa, w.bits.reshape(-1, w.width), n, kernel_out,
+                             bool(accumulate))
+    else:  # other providers compute on the row-major matrix
+        kernel.fn(xa, packed.unpack().bits if packed is not None else w.bits, kernel_out,
+                  bool(accumulate))
     if kernel_out is not target:
         target[...] = kernel_out
     return result

@@ -38,7 +38,9 @@ def runtime_info() -> dict[str, Any]:
         provider, kernel = resolve(op, fmt)
         name = kernel.name
         if provider is native:  # names of the row in use now, not when first resolved
-            name = describe_kernels(op, native.kernel_names(op, fmt))
+            packed = native.kernel_names("matmul_packed", fmt) if op == "matmul" else []
+            name = describe_kernels(op, native.kernel_names(op, fmt),
+                                    packed[0] if packed else None)
         kernels.append({"op": op, "format": fmt.name, "provider": provider.name,
                         "kernel": name})
     return {
@@ -53,6 +55,7 @@ def runtime_info() -> dict[str, Any]:
         "isa_rows": [{"name": n, "supported": s, "missing": list(miss)}
                      for n, s, miss in (c.isa_rows() if c else [])],
         "threads": get_num_threads(),
+        "pack_width": c.pack_width() if c else None,
         "provider_forced": forced_provider(),
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
                        "reason": p.unavailable_reason()} for p in providers()],
@@ -76,6 +79,8 @@ def show_runtime(as_json: bool = False) -> None:
     forced = f"  (forced by NARROWMM_ISA={info['isa_forced']})" if info["isa_forced"] else ""
     print(f"isa:       {info['isa']}{forced}; rows built: {rows or '-'}")
     print(f"threads:   {info['threads']}")
+    if info["pack_width"]:
+        print(f"packing:   Weights.pack() makes {info['pack_width']}-column slivers for this row")
     for p in info["providers"]:
         state = "available" if p["available"] else f"unavailable: {p['reason']}"
         print(f"provider:  {p['name']:<9} priority {p['priority']:>3}  {state}")

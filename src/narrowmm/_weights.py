@@ -121,6 +121,86 @@ class Weights:
             return np.array(self.bits, dtype=np.float32)
         return decode(self.bits, self.format)
 
+    def pack(self) -> PackedWeights:
+        """A copy in the native ISA row's packed layout, for faster calls with the same bits.
+
+        The matrix is stored as slivers of the row's microkernel width (24 columns on avx2,
+        32 on avx512, 8 on scalar and neon), each sliver's k rows contiguous. The batch-1
+        kernel then reads a few long contiguous streams instead of k short rows: 1.1-1.4x
+        faster on the machine narrowmm was tuned on (``docs/kernels.md``). Pack once, when
+        the model loads; the copy takes about the same memory as these weights.
+
+        Raises:
+            RuntimeError: the native core is not loaded (there is no row to pack for).
+        """
+        from .providers.native import core
+
+        c = core()
+        if c is None:
+            raise RuntimeError("Weights.pack needs the native core, which did not load "
+                               "(see narrowmm.show_runtime())")
+        return PackedWeights(pack_slivers(self.bits, int(c.pack_width())), self.shape[1],
+                             self.format, c.isa())
+
     def __repr__(self) -> str:
         k, n = self.shape
         return f"Weights(k={k}, n={n}, format={self.format.name!r})"
+
+
+def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
+    """(k, n) row-major ``bits`` as ``(ceil(n / width), k, width)`` slivers, zero-padded."""
+    k, n = bits.shape
+    slivers = -(-n // width)
+    padded = np.zeros((k, slivers * width), bits.dtype)
+    padded[:, :n] = bits
+    return np.ascontiguousarray(padded.reshape(k, slivers, width).transpose(1, 0, 2))
+
+
+class PackedWeights:
+    """A weight matrix in a native ISA row's packed layout; made by :meth:`Weights.pack`.
+
+    ``matmul`` accepts it wherever it accepts :class:`Weights` and gives the same bits. The
+    layout belongs to the row that packed it (``isa``): under a row with another sliver
+    width (``NARROWMM_ISA`` forcing another row, say) ``matmul`` raises ``ValueError``;
+    pack again there. Providers other than the native one compute on :meth:`unpack`.
+
+    Attributes:
+        format: the :class:`~narrowmm.Format`.
+        width: columns per sliver.
+        isa: the ISA row it was packed for.
+        bits: the slivers, shape ``(ceil(n / width), k, width)``, columns past n zero.
+    """
+
+    __slots__ = ("_n", "bits", "format", "isa", "width")
+
+    def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str) -> None:
+        self.bits: np.ndarray = bits
+        self._n = n
+        self.format: Format = format
+        self.width: int = bits.shape[2]
+        self.isa: str = isa
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(k, n): input features by output features."""
+        return self.bits.shape[1], self._n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored slivers (with the last sliver's padding)."""
+        return self.bits.size * self.format.itemsize
+
+    def unpack(self) -> Weights:
+        """The row-major :class:`Weights` again (a new array)."""
+        k, n = self.shape
+        rows = self.bits.transpose(1, 0, 2).reshape(k, self.bits.shape[0] * self.width)[:, :n]
+        return Weights.from_bits(np.ascontiguousarray(rows), self.format)
+
+    def decode(self) -> np.ndarray:
+        """The exact float32 values as a new (k, n) array."""
+        return self.unpack().decode()
+
+    def __repr__(self) -> str:
+        k, n = self.shape
+        return (f"PackedWeights(k={k}, n={n}, format={self.format.name!r}, "
+                f"width={self.width}, isa={self.isa!r})")

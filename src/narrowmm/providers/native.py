@@ -96,9 +96,11 @@ def use_isa(name: str) -> Iterator[None]:
         _core.set_isa(previous)
 
 
-def describe_kernels(op: str, names: list[str]) -> str:
-    """One string naming the C kernels: for matmul, the m == 1 path, then the m > 1 path (the
-    tile that decodes a sliver, the tile that reuses it, and the pack of a narrow last one)."""
+def describe_kernels(op: str, names: list[str], packed_gemv: str | None = None) -> str:
+    """One string naming the C kernels: for matmul, the m == 1 path (and its version for
+    packed weights), then the m > 1 path (the tile that decodes a sliver, the tile that
+    reuses it, and the pack of a narrow last one)."""
     if op == "matmul" and len(names) == 4:
-        return f"{names[0]} (m=1); {names[1]} + {names[2]}, {names[3]} for edges (m>1)"
+        m1 = f"{names[0]}, {packed_gemv} packed" if packed_gemv else names[0]
+        return f"{m1} (m=1); {names[1]} + {names[2]}, {names[3]} for edges (m>1)"
     return " + ".join(names)

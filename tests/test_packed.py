@@ -1,0 +1,176 @@
+"""Packed weights (Weights.pack): the same bits as the row-major matrix, on every row."""
+
+import numpy as np
+import pytest
+from conftest import ALL_FORMATS, ISAS, NARROW, PROVIDERS, assert_same_bits, random_weights
+
+import narrowmm as nm
+import narrowmm.providers.native as native
+from narrowmm.providers.native import core, use_isa
+
+ALL16 = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    before = nm.get_num_threads()
+    yield
+    nm.set_num_threads(before)
+
+
+def _scalar_reference(x, w):
+    nm.set_num_threads(1)
+    with use_isa("scalar"):
+        return nm.matmul(x, w)
+
+
+# m: the gemv (1) and the tiled path around MR; n: around every sliver width (8, 24, 32),
+# a four-sliver group (96) and thread grains; k: 0, tiny, across the k blocks (128, 256)
+SHAPES = ([(m, 300, 200) for m in (1, 2, 4, 5, 9, 17, 31)]
+          + [(1, 37, n) for n in (*range(1, 50), 95, 96, 97, 127, 128, 129, 1100)]
+          + [(5, 64, n) for n in (1, 7, 8, 9, 23, 24, 25, 33, 71, 97)]
+          + [(m, k, 300) for m in (1, 3) for k in (0, 1, 3, 17, 129, 256, 1000)])
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_packed_gives_the_scalar_bits_on_every_row_and_thread_count(fmt):
+    rng = np.random.default_rng(3)
+    cases = [(rng.standard_normal((m, k)).astype(np.float32), random_weights(rng, k, n, fmt))
+             for m, k, n in SHAPES]
+    want = [_scalar_reference(x, w) for x, w in cases]
+    for isa in ISAS:
+        with use_isa(isa):
+            packed = [w.pack() for _, w in cases]
+            assert all(p.isa == isa and p.width == core().pack_width() for p in packed)
+            for threads in (1, 2, 3, 7):
+                nm.set_num_threads(threads)
+                for (x, _), p, expected in zip(cases, packed, want, strict=True):
+                    assert_same_bits(nm.matmul(x, p), expected)
+
+
+@pytest.mark.parametrize("fmt", NARROW)
+@pytest.mark.parametrize("m", [1, 3])
+def test_every_weight_pattern_through_the_packed_layout(isa, fmt, m):
+    """All 65,536 patterns, k = 1 (one fma per output) and k = 3 (the pattern in the
+    middle of three steps), on the packed gemv (m = 1) and the tiled path (m = 3)."""
+    for k in (1, 3):
+        bits = np.zeros((k, 65536), np.uint16)
+        bits[k // 2] = ALL16
+        w = nm.Weights.from_bits(bits, fmt)
+        x = np.zeros((m, k), np.float32)
+        x[:, k // 2] = 1.0
+        assert_same_bits(nm.matmul(x, w.pack()), nm.matmul(x, w))
+
+
+def test_accumulate_bias_strided_out_and_vector_x(isa, rng):
+    w = random_weights(rng, 50, 70, "bf16")
+    p = w.pack()
+    x = rng.standard_normal((3, 50)).astype(np.float32)
+    start = rng.standard_normal((3, 70)).astype(np.float32)
+    a, b = start.copy(), start.copy()
+    nm.matmul(x, w, out=a, accumulate=True)
+    nm.matmul(x, p, out=b, accumulate=True)
+    assert_same_bits(b, a)
+    bias = rng.standard_normal(70).astype(np.float32)
+    assert_same_bits(nm.matmul(x, p, bias=bias), nm.matmul(x, w, bias=bias))
+    parent = np.full((5, 90), 7.0, np.float32)
+    out = parent[1:4, 10:80]  # strided: computed in scratch and copied back
+    nm.matmul(x, p, out=out)
+    assert_same_bits(out, nm.matmul(x, w))
+    mask = np.ones_like(parent, bool)
+    mask[1:4, 10:80] = False
+    assert np.all(parent[mask] == 7.0)
+    assert_same_bits(nm.matmul(x[0], p), nm.matmul(x[0], w))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_every_provider_accepts_packed_weights(provider, rng):
+    w = random_weights(rng, 20, 30, "fp16")
+    p = w.pack()
+    x = rng.standard_normal((2, 20)).astype(np.float32)
+    with nm.use_provider(provider):
+        assert_same_bits(nm.matmul(x, p), nm.matmul(x, w))
+
+
+@pytest.mark.parametrize("k,n", [(0, 5), (3, 0), (0, 0), (5, 1), (7, 24), (7, 25), (4, 100)])
+def test_pack_unpack_round_trip(k, n):
+    rng = np.random.default_rng(k * 100 + n)
+    for fmt in ALL_FORMATS:
+        w = random_weights(rng, k, n, fmt)
+        p = w.pack()
+        width = core().pack_width()
+        assert p.shape == (k, n) and p.format is w.format and p.width == width
+        assert p.bits.shape == (-(-n // width), k, width)
+        assert p.nbytes == p.bits.size * w.format.itemsize
+        back = p.unpack()
+        assert back.shape == (k, n) and back.format is w.format
+        np.testing.assert_array_equal(back.bits, w.bits)
+        np.testing.assert_array_equal(p.decode().view(np.uint32), w.decode().view(np.uint32))
+        if n % width:  # the last sliver's padding is zero
+            assert not p.bits[-1, :, n % width:].any()
+
+
+def test_packed_for_another_row_is_refused(rng):
+    w = random_weights(rng, 10, 40, "fp16")
+    x = rng.standard_normal((1, 10)).astype(np.float32)
+    widths = {}
+    for isa in ISAS:
+        with use_isa(isa):
+            widths[isa] = w.pack()
+    for isa in ISAS:
+        with use_isa(isa):
+            for other, p in widths.items():
+                if p.width == core().pack_width():
+                    assert_same_bits(nm.matmul(x, p), nm.matmul(x, w))
+                else:
+                    with pytest.raises(ValueError, match=f"packed for the {other} row"):
+                        nm.matmul(x, p)
+
+
+def test_shape_mismatch_and_bad_binding_calls_raise(rng):
+    p = random_weights(rng, 10, 40, "bf16").pack()
+    with pytest.raises(ValueError, match="k=10"):
+        nm.matmul(np.ones((2, 11), np.float32), p)
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 40\)"):
+        nm.matmul(np.ones((2, 10), np.float32), p, out=np.empty((2, 41), np.float32))
+    # the binding checks again: an n needing more slivers than given, a sliver missing, a
+    # width other than the row's never reach the kernels (an n inside the last sliver's
+    # padding only reads its zeros)
+    c = core()
+    x = np.ones((2, 10), np.float32)
+    slivers = p.bits.reshape(-1, p.width)
+    more = -(-40 // p.width) * p.width + 1
+    for n, bits in ((more, slivers), (40, slivers[:-1]), (40, slivers[:, :-1])):
+        out = np.zeros((2, n), np.float32)
+        with pytest.raises(ValueError):
+            c.matmul_packed(p.format.code, x, bits, n, out, False)
+    buf = np.zeros(slivers.size, np.float32)  # twice the slivers' bytes
+    inside = buf.view(np.uint16)[:slivers.size].reshape(slivers.shape)
+    inside[...] = slivers
+    with pytest.raises(ValueError, match="shares memory"):
+        c.matmul_packed(p.format.code, x, inside, 40, buf[:80].reshape(2, 40), False)
+
+
+def test_pack_needs_the_native_core(monkeypatch, rng):
+    w = random_weights(rng, 4, 4, "fp16")
+    monkeypatch.setattr(native, "_core", None)
+    with pytest.raises(RuntimeError, match="native core"):
+        w.pack()
+
+
+def test_repr_names_the_layout(rng):
+    p = random_weights(rng, 6, 50, "fp16").pack()
+    assert repr(p) == (f"PackedWeights(k=6, n=50, format='fp16', width={p.width}, "
+                       f"isa={core().isa()!r})")
+
+
+def test_linear_layer_packs(rng):
+    w = rng.standard_normal((30, 20)).astype(np.float16)  # (out, in), PyTorch's layout
+    bias = rng.standard_normal(30).astype(np.float32)
+    layer = nm.Linear(w, bias)
+    x = rng.standard_normal((3, 20)).astype(np.float32)
+    want = layer(x)
+    assert layer.pack() is layer and isinstance(layer.weights, nm.PackedWeights)
+    assert (layer.in_features, layer.out_features) == (20, 30)
+    assert_same_bits(layer(x), want)
+    assert_same_bits(nm.Linear(layer.weights, bias)(x), want)
