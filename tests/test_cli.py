@@ -54,6 +54,7 @@ def test_bench_small_shape_writes_json(tmp_path):
             for cache in ("cold", "warm"):
                 for fmt in ("fp16", "bf16", "f32"):
                     assert ("narrowmm", fmt, m, t, cache) in got
+                    assert ("narrowmm-packed", fmt, m, t, cache) in got
                 assert ("numpy-f32", "f32", m, t, cache) in got
                 assert ("numpy-upcast", "bf16", m, t, cache) in got
     keys = {"system", "format", "shape", "k", "n", "m", "threads", "cache", "isa",
@@ -62,9 +63,10 @@ def test_bench_small_shape_writes_json(tmp_path):
         assert keys <= r.keys()
         assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
         assert r["calls"] >= 3
-        if r["system"] == "narrowmm":
+        narrowmm = r["system"] in ("narrowmm", "narrowmm-packed")
+        if narrowmm:
             assert r["isa"] == "scalar"
-        if r["system"] == "narrowmm" and r["m"] == 1:  # the read probe paired with its calls
+        if narrowmm and r["m"] == 1:  # the read probe paired with its calls
             assert r["paired_read_gbps"] > 0
             assert abs(r["pct_of_paired_read"] - 100 * r["gbps"] / r["paired_read_gbps"]) < 1e-6
         else:
@@ -79,3 +81,15 @@ def test_bench_rejects_an_isa_row_the_cpu_lacks():
 def test_bench_rejects_bad_arguments():
     out = run_cli("bench", "--shape", "64")
     assert out.returncode == 2 and "expected k,n" in out.stderr
+    out = run_cli("bench", "--layout", "rows,tiles")
+    assert out.returncode == 2 and "weight layouts are rows and packed" in out.stderr
+
+
+def test_bench_one_layout(tmp_path):
+    path = tmp_path / "bench.json"
+    out = run_cli("bench", "--shape", "32,40", "--batch", "1", "--quick", "--no-peers",
+                  "--layout", "packed", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(path.read_text())
+    assert doc["config"]["layouts"] == ["packed"]
+    assert {r["system"] for r in doc["results"]} == {"narrowmm-packed"}

@@ -27,7 +27,7 @@ import numpy as np
 from ._api import matmul
 from ._check import same_bits
 from ._threads import get_num_threads, set_num_threads
-from ._weights import Weights
+from ._weights import PackedWeights, Weights
 from .providers import use_provider
 from .providers.native import core, use_isa
 
@@ -41,6 +41,8 @@ LLAMA_SHAPES = (
 )
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 NARROWMM_FORMATS = ("fp16", "bf16", "f32")
+# narrowmm on row-major Weights, and on Weights.pack() of the same matrix
+NARROWMM_SYSTEMS = ("narrowmm", "narrowmm-packed")
 SLOW_CALL_S = 4.0  # a system whose single call takes longer is skipped for that case
 
 
@@ -90,6 +92,7 @@ class Config:
     min_calls: int
     budget_s: float
     peers: bool = True
+    layouts: list[str] = field(default_factory=lambda: ["rows", "packed"])
     skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -258,6 +261,12 @@ def _read_probe(nbytes: int, copies: int) -> tuple[Callable[[int], float] | None
     return probe, n * 4
 
 
+def _for_row(packed: dict[str, list[PackedWeights]], i: int) -> PackedWeights:
+    """Copy i of the weights packed for the ISA row in use."""
+    copies = packed[core().isa()]
+    return copies[i % len(copies)]
+
+
 def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, Weights],
              cache: str, cfg: Config, torch: Any, ml_dtypes: Any) -> list[Case]:
     """The cases for one shape and batch; weight copies are built here, freed after."""
@@ -274,9 +283,18 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
             if w.nbytes not in probes:
                 probes[w.nbytes] = _read_probe(w.nbytes, len(copies))
             probe, probe_bytes = probes[w.nbytes]
-        cases.append(Case("narrowmm", fmt, w.nbytes,
-                          lambda i, c=copies: matmul(x, c[i % len(c)], out=out), 0.0, isa, fmt,
-                          probe, probe_bytes))
+        if "rows" in cfg.layouts:
+            cases.append(Case("narrowmm", fmt, w.nbytes,
+                              lambda i, c=copies: matmul(x, c[i % len(c)], out=out), 0.0, isa,
+                              fmt, probe, probe_bytes))
+        if "packed" in cfg.layouts:  # packed for each row timed, as a user packs at load
+            packed: dict[str, list[PackedWeights]] = {}
+            for row in cfg.isas:
+                with use_isa(row):
+                    packed[row] = [c.pack() for c in copies]
+            cases.append(Case("narrowmm-packed", fmt, w.nbytes,
+                              lambda i, p=packed: matmul(x, _for_row(p, i), out=out), 0.0, isa,
+                              fmt, probe, probe_bytes))
     if not cfg.peers:
         return cases
     base_fmt = cfg.formats[0]
@@ -359,7 +377,7 @@ def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
                         lim = next(li for li in limits if (li.isa, li.threads) == (isa, t))
                         with use_isa(isa), all_threads(t, torch):
                             for case in cases:
-                                if case.system != "narrowmm" and isa != cfg.isas[0]:
+                                if case.system not in NARROWMM_SYSTEMS and isa != cfg.isas[0]:
                                     continue  # peers do not depend on narrowmm's row
                                 progress.step(f"{name} m={m} {case.system} {case.format} "
                                               f"{cache} {isa} t={t}")
@@ -375,7 +393,7 @@ def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
         li.fma_gflops = max(li.fma_gflops, again.fma_gflops)
     for r in results:
         lim = next(li for li in limits if li.threads == r.threads and
-                   li.isa == (r.isa if r.system == "narrowmm" else cfg.isas[0]))
+                   li.isa == (r.isa if r.system in NARROWMM_SYSTEMS else cfg.isas[0]))
         r.pct_of_limit = 100.0 * (r.gbps / lim.read_gbps if r.m == 1
                                   else r.gflops / lim.fma_gflops)
     return limits, results
@@ -396,7 +414,7 @@ def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, 
     y = case.call(0)  # warm-up, and the output to check
     first = time.perf_counter() - t0
     exact = reference[case.ref_format]
-    if case.system == "narrowmm":
+    if case.system in NARROWMM_SYSTEMS:
         if not same_bits(y, exact):
             raise AssertionError(f"narrowmm {case.format} on {isa} differs from the reference")
     else:
@@ -421,7 +439,8 @@ def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, 
         paired = case.probe_bytes / (statistics.median(probe_ms) * 1e-3) / 1e9
         pct_paired = 100.0 * gbps / paired
     return Result(case.system, case.format, name, k, n, m, t, cache,
-                  case.isa if case.system != "narrowmm" else isa, med, min(times), max(times),
+                  isa if case.system in NARROWMM_SYSTEMS else case.isa, med, min(times),
+                  max(times),
                   len(times), case.weight_bytes, gbps, gflops, limit, pct, paired, pct_paired)
 
 
@@ -486,24 +505,27 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
         numpy = {(r.shape, r.m): r for r in rs if r.system == "numpy-f32"}
         lines.append("")
         lines.append(f"narrowmm, {cache} cache, {t} thread(s)")
-        head = (f"{'shape':<12}{'m':>4} {'isa':<7}{'fmt':<5}{'ms':>9}{'GB/s':>8}"
+        head = (f"{'shape':<12}{'m':>4} {'isa':<7}{'layout':<7}{'fmt':<5}{'ms':>9}{'GB/s':>8}"
                 f"{'GFLOP/s':>9}{'% limit':>9}{'% read now':>11}{'vs numpy':>10}")
         lines += [head, "-" * len(head)]
-        for r in sorted((r for r in rs if r.system == "narrowmm"),
-                        key=lambda r: (r.k * r.n, r.k, r.m, r.isa or "", r.format)):
+        for r in sorted((r for r in rs if r.system in NARROWMM_SYSTEMS),
+                        key=lambda r: (r.k * r.n, r.k, r.m, r.isa or "", r.format, r.system)):
             base = numpy.get((r.shape, r.m))
             ratio = f"{base.median_ms / r.median_ms:.2f}x" if base else "-"
             now = f"{r.pct_of_paired_read:>10.0f}%" if r.paired_read_gbps else f"{'-':>11}"
-            lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{r.format:<5}"
+            layout = "packed" if r.system == "narrowmm-packed" else "rows"
+            lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{layout:<7}{r.format:<5}"
                          f"{_ms(r.median_ms, 9)}{r.gbps:>8.1f}{r.gflops:>9.1f}"
                          f"{r.pct_of_limit:>8.0f}%{now}{ratio:>10}")
-        systems = sorted({(r.system, r.format) for r in rs if r.system != "narrowmm"})
-        nm_fmts = sorted({r.format for r in rs if r.system == "narrowmm"},
+        systems = sorted({(r.system, r.format) for r in rs if r.system not in NARROWMM_SYSTEMS})
+        nm_fmts = sorted({r.format for r in rs if r.system in NARROWMM_SYSTEMS},
                          key=NARROWMM_FORMATS.index)
-        cols = [("narrowmm", f) for f in nm_fmts] + systems
+        cols = [(s, f) for s in NARROWMM_SYSTEMS for f in nm_fmts
+                if any((r.system, r.format) == (s, f) for r in rs)] + systems
         lines.append("")
         lines.append(f"median ms per call, every system ({cache} cache, {t} thread(s))")
-        short = {"narrowmm": "nm", "numpy-f32": "numpy", "numpy-upcast": "upcast",
+        short = {"narrowmm": "nm", "narrowmm-packed": "nm-pk", "numpy-f32": "numpy",
+                 "numpy-upcast": "upcast",
                  "ml_dtypes": "ml_dtypes", "torch-f32": "torch", "torch-bf16": "torch",
                  "torch-f16": "torch"}
         head = f"{'shape':<12}{'m':>4}" + "".join(
@@ -533,7 +555,8 @@ def write_plot(path: str, limits: list[Limits], results: list[Result]) -> None:
     shapes = sorted({(r.shape, r.k, r.n) for r in rs}, key=lambda v: (v[1] * v[2], v[1]))
     batches = sorted({r.m for r in rs})
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4.2), squeeze=False)
-    series = sorted({(r.system, r.format, r.isa if r.system == "narrowmm" else "") for r in rs})
+    series = sorted({(r.system, r.format, r.isa if r.system in NARROWMM_SYSTEMS else "")
+                     for r in rs})
     for ax, (shape, k, n) in zip(axes[0], shapes, strict=True):
         xs = np.arange(len(batches))
         width = 0.8 / max(len(series), 1)
@@ -541,7 +564,8 @@ def write_plot(path: str, limits: list[Limits], results: list[Result]) -> None:
             ys = []
             for m in batches:
                 hit = [r.median_ms for r in rs if (r.system, r.format, r.shape, r.m) ==
-                       (system, fmt, shape, m) and (system != "narrowmm" or r.isa == isa)]
+                       (system, fmt, shape, m) and (system not in NARROWMM_SYSTEMS
+                                                    or r.isa == isa)]
                 ys.append(min(hit) if hit else np.nan)
             label = f"{system} {fmt}" + (f" ({isa})" if isa else "")
             ax.bar(xs + si * width - 0.4 + width / 2, ys, width, label=label)
@@ -587,7 +611,7 @@ def build_config(args: Any) -> Config:
     caches = args.cache or ["cold"]
     min_calls, budget = (3, 0.15) if args.quick else (5, 0.5)
     return Config(shapes, batches, formats, threads, caches, isas, min_calls, budget,
-                  peers=not args.no_peers)
+                  peers=not args.no_peers, layouts=args.layout or ["rows", "packed"])
 
 
 def main(args: Any) -> int:
@@ -609,7 +633,7 @@ def main(args: Any) -> int:
         print(f"numpy BLAS: {b.get('internal_api')} {b.get('version')}, kernel "
               f"{b.get('architecture')}, {b.get('num_threads')} threads by default")
     total = len(cfg.shapes) * len(cfg.batches) * len(cfg.caches) * len(cfg.threads) * (
-        len(cfg.isas) * len(cfg.formats) + (8 if cfg.peers else 0))
+        len(cfg.isas) * len(cfg.formats) * len(cfg.layouts) + (8 if cfg.peers else 0))
     progress = Progress(total)
     t0 = time.perf_counter()
     try:
@@ -633,8 +657,8 @@ def main(args: Any) -> int:
                                              "ml_dtypes": _version("ml_dtypes")},
                "config": {"shapes": [list(s) for s in cfg.shapes], "batches": cfg.batches,
                           "formats": cfg.formats, "threads": cfg.threads,
-                          "caches": cfg.caches, "isas": cfg.isas, "min_calls": cfg.min_calls,
-                          "budget_s": cfg.budget_s},
+                          "caches": cfg.caches, "isas": cfg.isas, "layouts": cfg.layouts,
+                          "min_calls": cfg.min_calls, "budget_s": cfg.budget_s},
                "limits": [asdict(li) for li in limits],
                "results": [asdict(r) for r in results],
                "skipped": cfg.skipped, "elapsed_s": elapsed}

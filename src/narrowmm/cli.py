@@ -26,12 +26,19 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _caches(text: str) -> list[str]:
-    values = text.split(",")
-    bad = [v for v in values if v not in ("cold", "warm")]
-    if bad:
-        raise argparse.ArgumentTypeError(f"cache states are cold and warm, got {bad}")
-    return values
+def _choices(what: str, allowed: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{what} are {' and '.join(allowed)}, got {bad}")
+        return values
+
+    return parse
+
+
+_caches = _choices("cache states", ("cold", "warm"))
+_layouts = _choices("weight layouts", ("rows", "packed"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=_ints, help="thread counts, e.g. 1,2 (default: "
                        "the pool's size)")
     bench.add_argument("--cache", type=_caches, help="cold (default), warm, or cold,warm")
+    bench.add_argument("--layout", type=_layouts,
+                       help="narrowmm weight layouts: rows (Weights), packed (Weights.pack()), "
+                            "or rows,packed (default)")
     bench.add_argument("--isa", help="narrowmm ISA rows to time, e.g. avx2,scalar "
                        "(default: the row in use)")
     bench.add_argument("--no-peers", action="store_true",
