@@ -23,7 +23,8 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of
  * 64-byte lines of B for every format (32 fp16/bf16, 16 f32 weights a line) and of slivers
- * for every row (NR 8, 24 or 32), so only the last range can end in a partial sliver. */
+ * for every row (NR 8, 24 or 32), so only the last range can end in a partial sliver, and
+ * every range of packed weights starts at a sliver. */
 #define NM_COLUMN_GRAIN 96
 /* At most this many rows of A are packed at once (2 MiB with kc = 256). Up to this m each
  * weight is decoded once per call; beyond it, once per block of this many rows. */
@@ -88,7 +89,7 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
  * tiles below reuse the decoded sliver from L1. A sliver narrower than NR (the range's
  * last) is packed first. Either weight layout: weights_at finds the sliver's rows. */
 static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
-                         int64_t j_begin, int64_t j_end) {
+                        int64_t j_begin, int64_t j_end) {
     const nm_kernel_row *row = job->row;
     const int64_t mr = row->mr, nr = row->nr, kc_max = row->kc;
     const int64_t mc_max = min64(i_end - i_begin, NM_A_BLOCK_ROWS / mr * mr);

@@ -13,18 +13,25 @@ static inline float load1_fp16_f16c(const uint8_t *p) { return _cvtsh_ss(nm_load
 
 #define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
-/* For a fused tile (ITEM-byte weights, NR to a sliver): every line that row segment of the
- * sliver B_AHEAD weights further along the row can touch. One line a step is not enough once
- * a sliver's row is wider than a line (f32: 96 bytes in avx2, 128 in avx512). The window
- * moves one sliver per call, so a single prefetch skipped every third line, and those lines
- * came from DRAM on demand. Taking all of them made f32 at m = 16 23-33% faster, and m = 128
- * 6% (two builds timed in one process: 31 -> 41 GFLOP/s on 1 thread, 56 -> 71 on 2, q_proj
- * 8B); fp16 and bf16 rows fit in one line and are unchanged. */
-#define PREFETCH_SLIVER_ROW_AHEAD(src, ITEM)                                                 \
+/* For a fused tile (ITEM-byte weights, NR to a sliver): every line that a sliver row's
+ * worth of weights `ahead` bytes on can touch (SLIVER_AHEAD_BYTES). One line a step is not
+ * enough once a sliver's row is wider than a line (f32: 96 bytes in avx2, 128 in avx512).
+ * On row-major weights the window moves one sliver per call, so a single prefetch skipped
+ * every third line, and those lines came from DRAM on demand. Taking all of them made f32
+ * at m = 16 23-33% faster, and m = 128 6% (two builds timed in one process: 31 -> 41
+ * GFLOP/s on 1 thread, 56 -> 71 on 2, q_proj 8B); fp16 and bf16 rows fit in one line. */
+#define PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead)                                          \
     do {                                                                                     \
         for (int l_ = 0; l_ < (ITEM) * NR; l_ += 64)                                         \
-            _mm_prefetch((const char *)(src) + (ITEM) * B_AHEAD + l_, _MM_HINT_T0);          \
+            _mm_prefetch((const char *)(src) + (ahead) + l_, _MM_HINT_T0);                   \
     } while (0)
+
+/* How far ahead a fused tile prefetches, in bytes, for weights ldb bytes a row: row-major
+ * weights, the same row B_AHEAD weights on (the slivers to come); packed weights (rows of
+ * one sliver back to back, ldb = NR items), 64 rows down the same stream. 64 rows made
+ * packed fp16 at m = 16 1.12-1.18x the row-major speed on q_proj and ffn_down (1.05-1.09x
+ * with the row-major distance, which lands 2-3 rows on); ffn_up stays at 0.95-1.00x. */
+#define SLIVER_AHEAD_BYTES(ldb, ITEM) ((ldb) == NR * (ITEM) ? 64 * (ldb) : (ITEM) * B_AHEAD)
 
 /* The next tile's C rows (MR rows of NR floats of the including row), asked for now: they
  * come from L3 or DRAM when m x n is large. A macro, not a function: GCC 12 takes a static

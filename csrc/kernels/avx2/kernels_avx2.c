@@ -137,9 +137,10 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
                      float *c, int64_t ldc, const float *c_next) {                           \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
+        const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
-            PREFETCH_SLIVER_ROW_AHEAD(src, ITEM);                                            \
+            PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
             const __m256 b0 = LOAD8(src), b1 = LOAD8(src + 8 * (ITEM)),                      \
                          b2 = LOAD8(src + 16 * (ITEM));                                      \
             float *bq = bp + p * NR;                                                         \

@@ -119,9 +119,10 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
                      float *c, int64_t ldc, const float *c_next) {                           \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
+        const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
-            PREFETCH_SLIVER_ROW_AHEAD(src, ITEM);                                            \
+            PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
             const __m512 b0 = LOAD16(src), b1 = LOAD16(src + 16 * (ITEM));                   \
             _mm512_store_ps(bp + p * NR, b0);                                                \
             _mm512_store_ps(bp + p * NR + 16, b1);                                           \
