@@ -176,6 +176,18 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
             memcpy((c) + i_ * (ldc), scratch + i_ * NR, (size_t)(nr) * sizeof(float));      \
     } while (0)
 
+/* The ukernel_pack slot around a row's fused first tile, TILE(kc, ap, b, ldb, bp, c, ldc,
+ * c_next): a full MR-row tile straight on C, a shorter last one on a scratch copy. */
+#define NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)                                         \
+    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
+                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
+        if (mr == MR) {                                                                      \
+            TILE(kc, ap, b, ldb, bp, c, ldc, c_next);                                        \
+            return;                                                                          \
+        }                                                                                    \
+        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next));    \
+    }
+
 /* A ukernel_pack made of the row's own parts, for rows without a fused one: pack the whole
  * sliver, then run the microkernel on it. Same bits; the decode just is not overlapped. */
 #define NM_DEFINE_UKERNEL_PACK_BY_PARTS(NAME, PACK, UKERNEL, NR)                             \

@@ -10,6 +10,7 @@ from ._formats import Format, get_format
 from ._interop import from_dlpack
 from ._weights import PackedWeights, Weights
 from .providers import resolve
+from .providers.native import core
 
 _F32 = np.dtype(np.float32)
 
@@ -98,8 +99,6 @@ def matmul(
     provider, kernel = resolve("matmul", w.format)
     native_packed = packed is not None and provider.name == "native"
     if native_packed:
-        from .providers.native import core
-
         if packed.width != core().pack_width():
             raise ValueError(f"these weights were packed for the {packed.isa} row "
                              f"({packed.width}-column slivers); the {core().isa()} row in use "

@@ -151,14 +151,7 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
         }                                                                                    \
         TILE_STORE_C()                                                                       \
     }                                                                                        \
-    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
-                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
-        if (mr == MR) {                                                                      \
-            TILE(kc, ap, b, ldb, bp, c, ldc, c_next);                                        \
-            return;                                                                          \
-        }                                                                                    \
-        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next));    \
-    }
+    NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
 
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx2, tile_pack_f32, 4, load8_f32)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx2, tile_pack_fp16, 2, load8_fp16)

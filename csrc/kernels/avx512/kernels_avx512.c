@@ -130,14 +130,7 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
         }                                                                                    \
         TILE_STORE_C(c, ldc)                                                                 \
     }                                                                                        \
-    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
-                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
-        if (mr == MR) {                                                                      \
-            TILE(kc, ap, b, ldb, bp, c, ldc, c_next);                                        \
-            return;                                                                          \
-        }                                                                                    \
-        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next));    \
-    }
+    NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
 
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx512, tile_pack_f32, 4, load16_f32)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx512, tile_pack_fp16, 2, load16_fp16)

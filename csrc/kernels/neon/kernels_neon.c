@@ -101,20 +101,13 @@ static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *ap
 /* The first tile of a whole sliver decodes B as it goes (see nm_kernels.h). */
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD4)                                      \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
-                     float *c, int64_t ldc) {                                                \
+                     float *c, int64_t ldc, const float *c_next) {                           \
+        (void)c_next; /* no software prefetch on this row */                                 \
         TILE_8X8_BODY(c, ldc,                                                                \
                       (b0 = LOAD4(b + p * ldb), b1 = LOAD4(b + p * ldb + 4 * (ITEM)),        \
                        vst1q_f32(bp + p * NR, b0), vst1q_f32(bp + p * NR + 4, b1)));         \
     }                                                                                        \
-    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
-                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
-        (void)c_next;                                                                        \
-        if (mr == MR) {                                                                      \
-            TILE(kc, ap, b, ldb, bp, c, ldc);                                                \
-            return;                                                                          \
-        }                                                                                    \
-        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR));            \
-    }
+    NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
 
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_neon, tile_pack_f32, 4, load4_f32)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_neon, tile_pack_fp16, 2, load4_fp16)
