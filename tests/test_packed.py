@@ -24,12 +24,16 @@ def _scalar_reference(x, w):
         return nm.matmul(x, w)
 
 
-# m: the gemv (1) and the tiled path around MR; n: around every sliver width (8, 24, 32),
-# a four-sliver group (96) and thread grains; k: 0, tiny, across the k blocks (128, 256)
-SHAPES = ([(m, 300, 200) for m in (1, 2, 4, 5, 9, 17, 31)]
+# m: the gemv (1) and the tiled path around MR, with slivers outside the k blocks up to 16
+# rows and k blocks outside beyond; n: around every sliver width (8, 24, 32), a four-sliver
+# group (96) and thread grains; k: 0, tiny, across the k blocks (128, 256). Then: rows split
+# into parts (one column grain), and 16 rows whose A for all of k (8448) passes 512 KiB,
+# which sends them back to k blocks outside.
+SHAPES = ([(m, 300, 200) for m in (1, 2, 4, 5, 9, 16, 17, 31)]
           + [(1, 37, n) for n in (*range(1, 50), 95, 96, 97, 127, 128, 129, 1100)]
           + [(5, 64, n) for n in (1, 7, 8, 9, 23, 24, 25, 33, 71, 97)]
-          + [(m, k, 300) for m in (1, 3) for k in (0, 1, 3, 17, 129, 256, 1000)])
+          + [(m, k, 300) for m in (1, 3) for k in (0, 1, 3, 17, 129, 256, 1000)]
+          + [(12, 1000, 30), (16, 8448, 30)])
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)

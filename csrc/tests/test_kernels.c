@@ -222,6 +222,11 @@ static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
         run_case(row, ref, fmt, 2053, 200, 19, 1, 7);
         /* one column grain: the rows are split instead, in ragged MR-row ranges */
         run_case(row, ref, fmt, 101, 30, 300, 0, 3);
+        /* few rows: packed weights run the slivers outside the k blocks, here with the rows
+         * split into parts; then 16 rows whose A for all of k passes 512 KiB, which sends
+         * them back to the k blocks outside */
+        run_case(row, ref, fmt, 12, 30, 1000, 1, 3);
+        run_case(row, ref, fmt, 16, 40, 8448, 0, 2);
     }
 }
 
