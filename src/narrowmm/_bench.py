@@ -172,11 +172,12 @@ def all_threads(n: int, torch: Any) -> Iterator[None]:
 # ---- timing ---------------------------------------------------------------------------
 
 def time_calls(fn: Callable[[int], object], min_calls: int, budget_s: float,
-               between: Callable[[int], float] | None = None) -> tuple[list[float], list[float]]:
+               between: Callable[[int], float] | None = None,
+               max_calls: int = 500) -> tuple[list[float], list[float]]:
     """Call ``fn(i)`` (i counts calls, for rotating weight copies) until ``min_calls`` calls
-    and ``budget_s`` seconds have both passed; each call's time in ms. With ``between``, it
-    is called after each call too and its return values (seconds) are kept, in ms: the
-    second list, empty otherwise."""
+    and ``budget_s`` seconds have both passed, or ``max_calls`` calls; each call's time in
+    ms. With ``between``, it is called after each call too and its return values (seconds)
+    are kept, in ms: the second list, empty otherwise."""
     times: list[float] = []
     others: list[float] = []
     start = time.perf_counter()
@@ -188,9 +189,41 @@ def time_calls(fn: Callable[[int], object], min_calls: int, budget_s: float,
         if between is not None:
             others.append(between(i) * 1e3)
         i += 1
-        if len(times) >= 500:
+        if len(times) >= max_calls:
             break
     return times, others
+
+
+def time_interleaved(calls: list[Callable[[int], object]], min_calls: int, budget_s: float,
+                     between: list[Callable[[int], float] | None] | None = None,
+                     ) -> list[tuple[list[float], list[float]]]:
+    """Time several systems on the same case in turns, as :func:`time_calls` times one.
+
+    There are ``min_calls`` rounds; in each, every system runs for at least one call and
+    ``budget_s / min_calls`` seconds, starting one system further along the list each round.
+    So every system gets at least ``min_calls`` calls and ``budget_s`` seconds, as with
+    :func:`time_calls`, but spread over the same stretch of time as the others': on a
+    shared machine the memory bandwidth drifts by tens of percent within a minute, and
+    systems timed one after another would see different machines. ``calls[s](i)`` gets
+    i = 0, 1, 2, ... per system, for rotating weight copies. At most 500 calls a system, as
+    there. Returns, per system, the call times and the ``between`` times in ms, as
+    :func:`time_calls` does."""
+    rounds = max(1, min_calls)
+    between = between if between is not None else [None] * len(calls)
+    out: list[tuple[list[float], list[float]]] = [([], []) for _ in calls]
+    for r in range(rounds):
+        for j in range(len(calls)):
+            s = (r + j) % len(calls)
+            times, others = out[s]
+            start = len(times)
+            more, more_others = time_calls(lambda i, s=s, start=start: calls[s](start + i), 1,
+                                           budget_s / rounds,
+                                           None if between[s] is None else
+                                           (lambda i, s=s, start=start: between[s](start + i)),
+                                           max_calls=max(1, 500 // rounds))
+            times.extend(more)
+            others.extend(more_others)
+    return out
 
 
 def _copies(weight_bytes: int, cache: str) -> int:
@@ -376,15 +409,25 @@ def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
                     for t in cfg.threads:
                         lim = next(li for li in limits if (li.isa, li.threads) == (isa, t))
                         with use_isa(isa), all_threads(t, torch):
-                            for case in cases:
-                                if case.system not in NARROWMM_SYSTEMS and isa != cfg.isas[0]:
-                                    continue  # peers do not depend on narrowmm's row
-                                progress.step(f"{name} m={m} {case.system} {case.format} "
-                                              f"{cache} {isa} t={t}")
-                                r = _measure(case, name, k, n, m, t, cache, isa, cfg, lim,
-                                             reference)
-                                if r is not None:
-                                    results.append(r)
+                            # peers do not depend on narrowmm's row
+                            mine = [c for c in cases
+                                    if c.system in NARROWMM_SYSTEMS or isa == cfg.isas[0]]
+                            progress.note(f"{name} m={m} {cache} {isa} t={t}: checking")
+                            timed = [c for c in mine
+                                     if _check_case(c, name, m, t, cache, isa, cfg, reference)]
+                            progress.note(f"{name} m={m} {cache} {isa} t={t}: timing "
+                                          f"{len(timed)} systems in turns")
+                            samples = time_interleaved(
+                                [lambda i, c=c: c.call(i + 1) for c in timed], cfg.min_calls,
+                                cfg.budget_s,
+                                [None if c.probe is None else (lambda i, p=c.probe: p(i + 1))
+                                 for c in timed])
+                            for c, (times, probe_ms) in zip(timed, samples, strict=True):
+                                results.append(_result(c, name, k, n, m, t, isa, cache, lim,
+                                                       times, probe_ms))
+                            for c in mine:
+                                progress.step(f"{name} m={m} {c.system} {c.format} {cache} "
+                                              f"{isa} t={t}")
                 del cases
     # Limits again at the end: on a shared machine a probe can lose its core for a moment;
     # the best of both is the machine's limit.
@@ -408,8 +451,10 @@ def _all_limits(cfg: Config, progress: Any) -> list[Limits]:
     return limits
 
 
-def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, isa: str,
-             cfg: Config, lim: Limits, reference: dict[str, np.ndarray]) -> Result | None:
+def _check_case(case: Case, name: str, m: int, t: int, cache: str, isa: str, cfg: Config,
+                reference: dict[str, np.ndarray]) -> bool:
+    """Warm a case up and check its output (narrowmm: the exact bits); False, with a note
+    in ``cfg.skipped``, when one call takes longer than SLOW_CALL_S."""
     t0 = time.perf_counter()
     y = case.call(0)  # warm-up, and the output to check
     first = time.perf_counter() - t0
@@ -423,10 +468,13 @@ def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, 
         cfg.skipped.append({"system": case.system, "format": case.format, "shape": name,
                             "m": m, "threads": t, "cache": cache,
                             "reason": f"one call took {first:.1f} s (limit {SLOW_CALL_S} s)"})
-        return None
-    probe = case.probe
-    times, probe_ms = time_calls(lambda i: case.call(i + 1), cfg.min_calls, cfg.budget_s,
-                                 None if probe is None else (lambda i: probe(i + 1)))
+        return False
+    return True
+
+
+def _result(case: Case, name: str, k: int, n: int, m: int, t: int, isa: str, cache: str,
+            lim: Limits, times: list[float], probe_ms: list[float]) -> Result:
+    """The figures of one timed case: medians, rates, and the fractions of the limits."""
     med = statistics.median(times)
     gbps = case.weight_bytes / (med * 1e-3) / 1e9
     gflops = 2.0 * m * k * n / (med * 1e-3) / 1e9
@@ -440,8 +488,8 @@ def _measure(case: Case, name: str, k: int, n: int, m: int, t: int, cache: str, 
         pct_paired = 100.0 * gbps / paired
     return Result(case.system, case.format, name, k, n, m, t, cache,
                   isa if case.system in NARROWMM_SYSTEMS else case.isa, med, min(times),
-                  max(times),
-                  len(times), case.weight_bytes, gbps, gflops, limit, pct, paired, pct_paired)
+                  max(times), len(times), case.weight_bytes, gbps, gflops, limit, pct, paired,
+                  pct_paired)
 
 
 # ---- output ---------------------------------------------------------------------------
