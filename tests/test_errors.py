@@ -160,8 +160,14 @@ def test_c_binding_checks_on_its_own():
         ro = out.copy()
         ro.flags.writeable = False
         c.matmul(1, x, b, ro, False)
-    with pytest.raises(ValueError, match="2-D"):
+    with pytest.raises(ValueError, match="x must be 1-D or 2-D, got 3-D"):
+        c.matmul(1, x[None], b, out, False)
+    with pytest.raises(ValueError, match="weights must be 2-D, got 1-D"):
+        c.matmul(1, x, b[0], out, False)
+    with pytest.raises(ValueError, match="shapes do not match"):  # a 1-D x is one row
         c.matmul(1, x[0], b, out, False)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        c.matmul(1, np.ones(6, np.float32)[::2], b, out[:1], False)
     with pytest.raises(ValueError, match="contiguous rows"):
         c.matmul(1, np.ones((2, 6), np.float32)[:, ::2], b, out, False)
     with pytest.raises(ValueError, match="unknown format code 7"):

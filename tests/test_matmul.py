@@ -172,14 +172,36 @@ def test_zero_sizes(provider):
                        nm.Weights(np.ones((4, 0), np.float16))).shape == (2, 0)
 
 
-def test_vector_input_gives_vector_output(rng):
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_vector_input_gives_vector_output(provider, rng):
+    """A 1-D x is one row (the native binding takes it and a 1-D out as they are): the
+    same bits as the (1, k) product, with strided vectors, accumulate, bias and packed
+    weights too."""
     w = random_weights(rng, 8, 5, "bf16")
     x = rng.standard_normal(8).astype(np.float32)
-    y = nm.matmul(x, w)
+    want = matmul_with(provider, x[None, :], w)[0]
+    y = matmul_with(provider, x, w)
     assert y.shape == (5,)
+    assert_same_bits(y, want)
     out = np.empty(5, np.float32)
-    assert nm.matmul(x, w, out=out) is out
-    assert_same_bits(out, y)
+    assert matmul_with(provider, x, w, out=out) is out
+    assert_same_bits(out, want)
+    xs = np.zeros(16, np.float32)
+    xs[::2] = x
+    outs = np.full(10, 7.0, np.float32)
+    assert matmul_with(provider, xs[::2], w, out=outs[::2]).base is outs
+    assert_same_bits(outs[::2], want)
+    assert np.all(outs[1::2] == 7.0)
+    start = rng.standard_normal(5).astype(np.float32)
+    acc = start.copy()
+    matmul_with(provider, x, w, out=acc, accumulate=True)
+    want_acc = start[None, :].copy()
+    matmul_with(provider, x[None, :], w, out=want_acc, accumulate=True)
+    assert_same_bits(acc, want_acc[0])
+    assert_same_bits(matmul_with(provider, x, w, bias=start), want_acc[0])
+    if provider == "native":
+        assert_same_bits(nm.matmul(x, w.pack()), want)
+        assert_same_bits(nm.matmul(xs[::2], w.pack(), out=outs[::2]), want)
 
 
 def test_out_with_any_strides_is_written_correctly(rng):

@@ -50,9 +50,11 @@ static void release(matrix *m) {
     m->held = 0;
 }
 
-/* Get a 2-D buffer whose rows are contiguous runs of `itemsize`-byte items. */
-static int get_matrix(PyObject *obj, const char *what, int writable, int itemsize,
-                      const char *accept, matrix *m) {
+/* Get a 2-D buffer whose rows are contiguous runs of `itemsize`-byte items; with
+ * `vector_ok`, a contiguous 1-D buffer too, as one row (x and out of an m = 1 product, so
+ * the Python layer need not make (1, k) views of them). */
+static int get_matrix(PyObject *obj, const char *what, int writable, int vector_ok,
+                      int itemsize, const char *accept, matrix *m) {
     int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &m->view, flags) < 0) {
         PyErr_Clear();
@@ -65,8 +67,9 @@ static int get_matrix(PyObject *obj, const char *what, int writable, int itemsiz
     }
     m->held = 1;
     Py_buffer *v = &m->view;
-    if (v->ndim != 2) {
-        PyErr_Format(PyExc_ValueError, "%s must be 2-D, got %d-D", what, v->ndim);
+    if (v->ndim != 2 && !(vector_ok && v->ndim == 1)) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s, got %d-D", what,
+                     vector_ok ? "1-D or 2-D" : "2-D", v->ndim);
         return -1;
     }
     if (v->itemsize != itemsize || !format_ok(v->format, accept)) {
@@ -74,6 +77,17 @@ static int get_matrix(PyObject *obj, const char *what, int writable, int itemsiz
                      "%s has item format '%s' (%zd bytes), expected %d-byte items of '%s'",
                      what, v->format ? v->format : "B", v->itemsize, itemsize, accept);
         return -1;
+    }
+    if (v->ndim == 1) {
+        m->rows = 1;
+        m->cols = v->shape[0];
+        m->ld = m->cols * itemsize;
+        if (m->cols > 1 && v->strides[0] != itemsize) {
+            PyErr_Format(PyExc_ValueError, "%s must be contiguous (stride %zd)", what,
+                         v->strides[0]);
+            return -1;
+        }
+        return 0;
     }
     m->rows = v->shape[0];
     m->cols = v->shape[1];
@@ -172,9 +186,9 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     const int bsize = nm_format_table[fmt].itemsize;
     matrix a = {0}, b = {0}, c = {0};
     PyObject *result = NULL;
-    if (get_matrix(ao, "x", 0, 4, "f", &a) < 0) goto done;
-    if (get_matrix(bo, "weights", 0, bsize, weights_accept(fmt), &b) < 0) goto done;
-    if (get_matrix(co, "out", 1, 4, "f", &c) < 0) goto done;
+    if (get_matrix(ao, "x", 0, 1, 4, "f", &a) < 0) goto done;
+    if (get_matrix(bo, "weights", 0, 0, bsize, weights_accept(fmt), &b) < 0) goto done;
+    if (get_matrix(co, "out", 1, 1, 4, "f", &c) < 0) goto done;
     if (a.cols != b.rows || c.rows != a.rows || c.cols != b.cols) {
         PyErr_Format(PyExc_ValueError,
                      "shapes do not match: x (%lld, %lld) @ weights (%lld, %lld) -> out "
@@ -205,9 +219,9 @@ static PyObject *py_matmul_packed(PyObject *self, PyObject *args) {
     const int64_t nr = current_row->nr;
     matrix a = {0}, b = {0}, c = {0};
     PyObject *result = NULL;
-    if (get_matrix(ao, "x", 0, 4, "f", &a) < 0) goto done;
-    if (get_matrix(bo, "packed weights", 0, bsize, weights_accept(fmt), &b) < 0) goto done;
-    if (get_matrix(co, "out", 1, 4, "f", &c) < 0) goto done;
+    if (get_matrix(ao, "x", 0, 1, 4, "f", &a) < 0) goto done;
+    if (get_matrix(bo, "packed weights", 0, 0, bsize, weights_accept(fmt), &b) < 0) goto done;
+    if (get_matrix(co, "out", 1, 1, 4, "f", &c) < 0) goto done;
     if (b.cols != nr) {
         PyErr_Format(PyExc_ValueError,
                      "the weights were packed into %lld-column slivers, but the %s row reads "
@@ -518,9 +532,11 @@ static PyObject *py_formats(PyObject *self, PyObject *noargs) {
 
 static PyMethodDef methods[] = {
     {"matmul_packed", py_matmul_packed, METH_VARARGS,
-     "matmul_packed(fmt, x, slivers, n, out, accumulate): the row's packed layout."},
+     "matmul_packed(fmt, x, slivers, n, out, accumulate): the row's packed layout; x and out "
+     "(m, k) and (m, n), or (k,) and (n,)."},
     {"matmul", py_matmul, METH_VARARGS,
-     "matmul(fmt, x, weights, out, accumulate): out (+)= x @ decode(weights)."},
+     "matmul(fmt, x, weights, out, accumulate): out (+)= x @ decode(weights); x and out (m, k) "
+     "and (m, n), or (k,) and (n,)."},
     {"encode", py_encode, METH_VARARGS, "encode(fmt, float32 src, uint16 dst[, isa])."},
     {"decode", py_decode, METH_VARARGS, "decode(fmt, uint16 src, float32 dst[, isa])."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "Usable CPU features."},

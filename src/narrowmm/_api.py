@@ -32,28 +32,33 @@ def _check_float32(a: object, what: str) -> np.ndarray:
 
 
 def _kernel_friendly(a: np.ndarray) -> bool:
-    """Rows contiguous, row stride a non-negative multiple of 4 bytes, float-aligned."""
+    """What the native binding reads in place: float-aligned, and 1-D contiguous or 2-D with
+    contiguous rows a non-negative multiple of 4 bytes apart."""
+    flags = a.flags
+    if flags.c_contiguous:  # the common case, decided without looking at the strides
+        return bool(flags.aligned)
+    if a.ndim == 1:
+        return False
     rows, cols = a.shape
     if rows == 0 or cols == 0:
         return True
     s0, s1 = a.strides
-    return (a.flags.aligned and (cols == 1 or s1 == 4)
+    return (flags.aligned and (cols == 1 or s1 == 4)
             and (rows == 1 or (s0 >= 0 and s0 % 4 == 0)))
 
 
 def _activations(x: object, k: int) -> tuple[np.ndarray, bool]:
-    """x as a (m, k) float32 array the kernels accept, and whether it was 1-D."""
-    a = _check_float32(x, "x")
+    """x as a (m, k) or (k,) float32 array the kernels accept, and whether it is 1-D."""
+    # the common case first: a float32 ndarray skips the checks that explain other inputs
+    a = x if type(x) is np.ndarray and x.dtype == _F32 else _check_float32(x, "x")
     if a.ndim not in (1, 2):
         raise ValueError(f"x must be 1-D (k,) or 2-D (m, k), got shape {a.shape}")
-    vector = a.ndim == 1
-    a2 = a[None, :] if vector else a
-    if a2.shape[1] != k:
-        raise ValueError(f"x has {a2.shape[1]} columns but the weights have k={k} rows "
+    if a.shape[-1] != k:
+        raise ValueError(f"x has {a.shape[-1]} columns but the weights have k={k} rows "
                          f"(x shape {a.shape})")
-    if not _kernel_friendly(a2):
-        a2 = a2.copy(order="C")  # activations are small next to weights: copy (aligned)
-    return a2, vector
+    if not _kernel_friendly(a):
+        a = a.copy(order="C")  # activations are small next to weights: copy (aligned)
+    return a, a.ndim == 1
 
 
 def matmul(
@@ -95,7 +100,7 @@ def matmul(
         w = Weights(w)
     k, n = w.shape
     xa, vector = _activations(x, k)
-    m = xa.shape[0]
+    out_shape = (n,) if vector else (xa.shape[0], n)
     provider, kernel = resolve("matmul", w.format)
     native_packed = packed is not None and provider.name == "native"
     if native_packed:
@@ -112,38 +117,37 @@ def matmul(
     if out is None:
         if accumulate:
             raise ValueError("accumulate=True needs an out array to accumulate into")
-        target = np.empty((m, n), _F32)
-        kernel_out = target
-        result = target[0] if vector else target
+        target = kernel_out = np.empty(out_shape, _F32)
     else:
-        o = _check_float32(out, "out")
-        out_shape = (n,) if vector else (m, n)
-        if o.shape != out_shape:
-            raise ValueError(f"out must have shape {out_shape}, got {o.shape}")
-        if not o.flags.writeable:
+        target = _check_float32(out, "out")
+        if target.shape != out_shape:
+            raise ValueError(f"out must have shape {out_shape}, got {target.shape}")
+        if not target.flags.writeable:
             raise ValueError("out is read-only")
-        target = o[None, :] if vector else o
         kernel_out = target if _kernel_friendly(target) else None
         # The native binding checks overlap itself before writing; elsewhere (and before a
         # bias is written into out) check here.
         if (kernel_out is None or not provider.checks_overlap or bias is not None) and (
-                np.may_share_memory(o, xa) or np.may_share_memory(o, w.bits)):
+                np.may_share_memory(target, xa) or np.may_share_memory(target, w.bits)):
             raise ValueError("out shares memory with x or the weights")
         if kernel_out is None:  # compute in a scratch array and copy back: any strides
-            kernel_out = np.array(target, order="C") if accumulate else np.empty((m, n), _F32)
-        result = o
+            kernel_out = (np.array(target, order="C") if accumulate
+                          else np.empty(out_shape, _F32))
     if bias is not None:  # everything is validated: now the chains may start from it
         kernel_out[...] = bias
         accumulate = True
-    if native_packed:
-        core().matmul_packed(w.format.code, xa, w.bits.reshape(-1, w.width), n, kernel_out,
+    if native_packed:  # the binding takes 1-D x and out as one row
+        core().matmul_packed(w.format.code, xa, w._slivers, n, kernel_out,
                              bool(accumulate))
-    else:  # other providers compute on the row-major matrix
-        kernel.fn(xa, packed.unpack().bits if packed is not None else w.bits, kernel_out,
-                  bool(accumulate))
+    elif provider.name == "native":
+        kernel.fn(xa, w.bits, kernel_out, bool(accumulate))
+    else:  # the other providers compute on 2-D, row-major arrays
+        kernel.fn(xa[None, :] if vector else xa,
+                  packed.unpack().bits if packed is not None else w.bits,
+                  kernel_out[None, :] if vector else kernel_out, bool(accumulate))
     if kernel_out is not target:
         target[...] = kernel_out
-    return result
+    return target
 
 
 def _flat_aligned(a: np.ndarray) -> np.ndarray:

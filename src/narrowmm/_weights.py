@@ -171,10 +171,12 @@ class PackedWeights:
         bits: the slivers, shape ``(ceil(n / width), k, width)``, columns past n zero.
     """
 
-    __slots__ = ("_n", "bits", "format", "isa", "width")
+    __slots__ = ("_n", "_slivers", "bits", "format", "isa", "width")
 
     def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str) -> None:
         self.bits: np.ndarray = bits
+        # the (slivers * k, width) view the native binding takes, made once, not per call
+        self._slivers = bits.reshape(-1, bits.shape[2])
         self._n = n
         self.format: Format = format
         self.width: int = bits.shape[2]
