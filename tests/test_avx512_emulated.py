@@ -216,8 +216,9 @@ def packed(case):
 
 @pytest.mark.parametrize("fmt", ["f32", "fp16", "bf16"])
 def test_packed_weights_equal_the_scalar_row(emulator, fmt):
-    """nm_matmul_packed on the avx512 row (its four-sliver gemv at m = 1, the tiled path
-    reading slivers above) over the sliver edges, strided x and out, accumulate, threads."""
+    """nm_matmul_packed on the avx512 row (its four-sliver gemv at m = 1, the two-row gemv
+    at m = 2, the tiled path reading slivers above) over the sliver edges, strided x and
+    out, accumulate, threads."""
     rng = np.random.default_rng(10 + FMT[fmt])
     cases = [packed(matmul_case(rng, fmt, m, n, int(rng.choice([0, 1, 3, 17, 129, 300])),
                                 accumulate=bool(rng.integers(2)),
@@ -228,7 +229,7 @@ def test_packed_weights_equal_the_scalar_row(emulator, fmt):
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 
-@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("m", [1, 2, 9])
 def test_every_weight_pattern_through_the_packed_layout(emulator, m):
     rng = np.random.default_rng(20 + m)
     case = packed(matmul_case(rng, "fp16", m, 65536, 1, accumulate=True, threads=2,

@@ -53,10 +53,11 @@ def test_packed_gives_the_scalar_bits_on_every_row_and_thread_count(fmt):
 
 
 @pytest.mark.parametrize("fmt", NARROW)
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [1, 2, 3])
 def test_every_weight_pattern_through_the_packed_layout(isa, fmt, m):
     """All 65,536 patterns, k = 1 (one fma per output) and k = 3 (the pattern in the
-    middle of three steps), on the packed gemv (m = 1) and the tiled path (m = 3)."""
+    middle of three steps), on the packed gemv (m = 1), the two-row gemv (m = 2) and the
+    tiled path (m = 3)."""
     for k in (1, 3):
         bits = np.zeros((k, 65536), np.uint16)
         bits[k // 2] = ALL16
@@ -85,6 +86,30 @@ def test_accumulate_bias_strided_out_and_vector_x(isa, rng):
     mask[1:4, 10:80] = False
     assert np.all(parent[mask] == 7.0)
     assert_same_bits(nm.matmul(x[0], p), nm.matmul(x[0], w))
+
+
+def test_two_rows_with_strides_accumulate_and_bias(isa, rng):
+    """m = 2 on packed weights runs the two-row gemv: rows of x and out apart by more than
+    k and n, accumulate and bias, every thread count; nothing outside out is written."""
+    w = random_weights(rng, 300, 200, "fp16")
+    p = w.pack()
+    x = rng.standard_normal((2, 320)).astype(np.float32)[:, 7:307]
+    start = rng.standard_normal((2, 200)).astype(np.float32)
+    bias = rng.standard_normal(200).astype(np.float32)
+    want = nm.matmul(x, w)
+    want_acc = start.copy()
+    nm.matmul(x, w, out=want_acc, accumulate=True)
+    for threads in (1, 2, 3):
+        nm.set_num_threads(threads)
+        parent = np.full((2, 230), 7.0, np.float32)
+        out = parent[:, 10:210]
+        nm.matmul(x, p, out=out)
+        assert_same_bits(out, want)
+        assert np.all(parent[:, :10] == 7.0) and np.all(parent[:, 210:] == 7.0)
+        out[...] = start
+        nm.matmul(x, p, out=out, accumulate=True)
+        assert_same_bits(out, want_acc)
+        assert_same_bits(nm.matmul(x, p, bias=bias), nm.matmul(x, w, bias=bias))
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

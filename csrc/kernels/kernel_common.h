@@ -120,48 +120,94 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
         }                                                                                    \
     }
 
-/* The m == 1 product on packed weights (nm_gemv_packed_fn), written once from the row's
- * vector operations: G slivers of NRW columns at a time, their accumulators (G x NRW/L
- * vectors) in registers for all of k, so C is loaded and stored once per sliver and the
- * weights are read as G contiguous streams; then single slivers; the last sliver, narrower
- * than NRW, runs on a zero-padded scratch copy of its C (its padding weights are read, their
- * results dropped). VEC, L, SET1, LOADC, STOREC, LOADW, FMA: as in NM_DEFINE_GEMV_SIMD. */
-#define NM_GEMV_PACKED_SLIVERS_(NAME, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW, FMA) \
-    static inline void NAME(int64_t k, const float *a, const uint8_t *b, float *c) {        \
-        enum { V_ = (NRW) / (L) };                                                           \
+/* The m == 1 and m == 2 products on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn),
+ * written once from the row's vector operations: G slivers of NRW columns at a time, for RR
+ * rows of A (lda apart) and C (ldc apart), their RR x G x NRW/L accumulator vectors in
+ * registers for all of k, so C is loaded and stored once per sliver and the weights are read
+ * once, as G contiguous streams, each weight vector feeding the RR rows' FMAs; then single
+ * slivers; the last sliver, narrower than NRW, runs on a zero-padded scratch copy of its C
+ * (its padding weights are read, their results dropped). VEC, L, SET1, LOADC, STOREC,
+ * LOADW, FMA: as in NM_DEFINE_GEMV_SIMD. */
+#define NM_GEMV_PACKED_SLIVERS_(NAME, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW,  \
+                                FMA)                                                         \
+    static inline void NAME(int64_t k, const float *a, int64_t lda, const uint8_t *b,       \
+                            float *c, int64_t ldc) {                                         \
+        enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t sliver_ = k * (NRW) * (ITEM);                                          \
-        VEC acc_[(GG) * V_];                                                                 \
-        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (GG) * V_; ++i_)                      \
-            acc_[i_] = LOADC(c + (i_ / V_) * (NRW) + (i_ % V_) * (L));                        \
+        VEC acc_[(RR) * W_];                                                                 \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
+            acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
         for (int64_t p = 0; p < k; ++p) {                                                    \
-            const VEC ap_ = SET1(a[p]);                                                      \
             const uint8_t *row_ = b + p * (NRW) * (ITEM);                                    \
-            _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (GG) * V_; ++i_)                  \
-                acc_[i_] = FMA(acc_[i_], ap_,                                                \
-                               LOADW(row_ + (i_ / V_) * sliver_ + (i_ % V_) * (L) * (ITEM)));  \
+            VEC ap_[RR];                                                                     \
+            _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =              \
+                SET1(a[r_ * lda + p]);                                                       \
+            _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                       \
+                const VEC wv_ = LOADW(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L) * (ITEM));  \
+                _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                    \
+                    acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ap_[r_], wv_);              \
+            }                                                                                \
         }                                                                                    \
-        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (GG) * V_; ++i_)                      \
-            STOREC(c + (i_ / V_) * (NRW) + (i_ % V_) * (L), acc_[i_]);                        \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
+            STOREC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L), acc_[i_]); \
     }
 
-#define NM_DEFINE_GEMV_PACKED(NAME, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW, FMA)   \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW, \
-                            FMA)                                                             \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW,   \
-                            FMA)                                                             \
-    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, float *c) {     \
-        const int64_t sliver = k * (NRW) * (ITEM);                                           \
+/* The walk over n columns shared by both: G-sliver groups, single slivers, the padded tail. */
+#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, n, a, lda, b, c, ldc)                \
+    do {                                                                                     \
+        const int64_t sliver = (k) * (NRW) * (ITEM);                                         \
         int64_t j = 0;                                                                       \
-        for (; j + (G) * (NRW) <= n; j += (G) * (NRW), b += (G) * sliver)                    \
-            NAME##_group_(k, a, b, c + j);                                                   \
-        for (; j + (NRW) <= n; j += (NRW), b += sliver) NAME##_one_(k, a, b, c + j);         \
-        if (j < n) {                                                                         \
-            _Alignas(64) float tail[NRW] = {0};                                              \
-            memcpy(tail, c + j, (size_t)(n - j) * sizeof(float));                            \
-            NAME##_one_(k, a, b, tail);                                                      \
-            memcpy(c + j, tail, (size_t)(n - j) * sizeof(float));                            \
+        for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
+            NAME##_group_(k, a, lda, b, (c) + j, ldc);                                       \
+        for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
+            NAME##_one_(k, a, lda, b, (c) + j, ldc);                                         \
+        if (j < (n)) {                                                                       \
+            _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
+            const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
+            for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
+            NAME##_one_(k, a, lda, b, tail, NRW);                                            \
+            for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
+    } while (0)
+
+#define NM_DEFINE_GEMV_PACKED(NAME, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW, FMA)   \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, 1, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,     \
+                            LOADW, FMA)                                                      \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
+                            LOADW, FMA)                                                      \
+    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, float *c) {     \
+        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, n, a, 0, b, c, 0);                    \
     }
+
+/* m == 2: G2 slivers at a time, chosen so that 2 x G2 x NRW/L accumulators fit the row's
+ * registers with the two broadcasts and a weight vector. */
+#define NM_DEFINE_GEMV2_PACKED(NAME, ITEM, VEC, L, NRW, G2, SET1, LOADC, STOREC, LOADW, FMA) \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, 2, G2, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,    \
+                            LOADW, FMA)                                                      \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
+                            LOADW, FMA)                                                      \
+    static void NAME(int64_t k, int64_t n, const float *a, int64_t lda, const uint8_t *b,    \
+                     float *c, int64_t ldc) {                                                \
+        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, n, a, lda, b, c, ldc);               \
+    }
+
+/* Both packed gemvs for the three formats of a row, named gemv_packed_<fmt>_<ISA> and
+ * gemv2_packed_<fmt>_<ISA>: G slivers at a time for one row, G2 for two. LOADF32, LOADFP16,
+ * LOADBF16: the row's LOADW for each format. */
+#define NM_DEFINE_PACKED_GEMVS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, LOADF32, LOADFP16, \
+                               LOADBF16, FMA)                                                \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_f32_##ISA, 4, VEC, L, NRW, G, SET1, LOADC, STOREC,     \
+                          LOADF32, FMA)                                                      \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_##ISA, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
+                          LOADFP16, FMA)                                                     \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_##ISA, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
+                          LOADBF16, FMA)                                                     \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_f32_##ISA, 4, VEC, L, NRW, G2, SET1, LOADC, STOREC,  \
+                           LOADF32, FMA)                                                     \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_fp16_##ISA, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
+                           LOADFP16, FMA)                                                    \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_bf16_##ISA, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
+                           LOADBF16, FMA)
 
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their

@@ -33,6 +33,12 @@ typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *
 typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
                                   float *c);
 
+/* m == 2 on packed weights: the gemv_packed chains for two rows at once, row r of A at
+ * a + r*lda and of C at c + r*ldc (float strides). Each weight is read once for both rows,
+ * so two rows cost about what one does when the weights come from DRAM. */
+typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
+                                   const uint8_t *b, float *c, int64_t ldc);
+
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
@@ -81,6 +87,8 @@ typedef struct nm_kernel_row {
     const char *gemv_name[NM_FMT_COUNT];
     nm_gemv_packed_fn gemv_packed[NM_FMT_COUNT];
     const char *gemv_packed_name[NM_FMT_COUNT];
+    nm_gemv2_packed_fn gemv2_packed[NM_FMT_COUNT];
+    const char *gemv2_packed_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_FMT_COUNT];
     const char *pack_name[NM_FMT_COUNT];
     nm_ukernel_fn ukernel;

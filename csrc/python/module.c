@@ -429,10 +429,11 @@ static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
                              r->ukernel_name, r->pack_name[fmt]);
     }
     if (strcmp(op, "matmul_packed") == 0) {
-        if (!r->gemv_packed[fmt] || !r->ukernel_pack[fmt] || !r->ukernel || !r->pack[fmt])
+        if (!r->gemv_packed[fmt] || !r->gemv2_packed[fmt] || !r->ukernel_pack[fmt] ||
+            !r->ukernel || !r->pack[fmt])
             return PyList_New(0);
-        return Py_BuildValue("[ssss]", r->gemv_packed_name[fmt], r->ukernel_pack_name[fmt],
-                             r->ukernel_name, r->pack_name[fmt]);
+        return Py_BuildValue("[sssss]", r->gemv_packed_name[fmt], r->gemv2_packed_name[fmt],
+                             r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
     }
     if (strcmp(op, "encode") == 0)
         return r->encode[fmt] ? Py_BuildValue("[s]", r->encode_name[fmt]) : PyList_New(0);

@@ -39,8 +39,7 @@ def runtime_info() -> dict[str, Any]:
         name = kernel.name
         if provider is native:  # names of the row in use now, not when first resolved
             packed = native.kernel_names("matmul_packed", fmt) if op == "matmul" else []
-            name = describe_kernels(op, native.kernel_names(op, fmt),
-                                    packed[0] if packed else None)
+            name = describe_kernels(op, native.kernel_names(op, fmt), packed or None)
         kernels.append({"op": op, "format": fmt.name, "provider": provider.name,
                         "kernel": name})
     return {

@@ -43,13 +43,10 @@ NM_DEFINE_GEMV_SIMD(gemv_fp16_avx512, 2, __m512, 16, _mm512_set1_ps, _mm512_load
 NM_DEFINE_GEMV_SIMD(gemv_bf16_avx512, 2, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
                     _mm512_storeu_ps, load16_bf16, FMADD16, PREFETCH_T0, nm_load1_bf16)
 
-/* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row) */
-NM_DEFINE_GEMV_PACKED(gemv_packed_f32_avx512, 4, __m512, 16, NR, 4, _mm512_set1_ps,
-                      _mm512_loadu_ps, _mm512_storeu_ps, load16_f32, FMADD16)
-NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_avx512, 2, __m512, 16, NR, 4, _mm512_set1_ps,
-                      _mm512_loadu_ps, _mm512_storeu_ps, load16_fp16, FMADD16)
-NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_avx512, 2, __m512, 16, NR, 4, _mm512_set1_ps,
-                      _mm512_loadu_ps, _mm512_storeu_ps, load16_bf16, FMADD16)
+/* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
+ * one row and for two (16 accumulators of the 32 registers; untimed: no AVX-512 here) */
+NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
+                       _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, FMADD16)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -201,6 +198,7 @@ void nm_fill_row_avx512(nm_kernel_row *row) {
     row->kc = 128; /* a 16 KiB sliver and a 4 KiB A micro-panel stay in a 32 KiB L1 */
     NM_SET_MATMUL_SLOTS(row, gemv, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx512);
+    NM_SET_MATMUL_SLOTS(row, gemv2_packed, avx512);
     NM_SET_MATMUL_SLOTS(row, pack, avx512);
     row->ukernel = ukernel_8x32_avx512;
     row->ukernel_name = "ukernel_8x32_avx512";

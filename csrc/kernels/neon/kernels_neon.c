@@ -40,13 +40,10 @@ NM_DEFINE_GEMV_SIMD(gemv_fp16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, v
 NM_DEFINE_GEMV_SIMD(gemv_bf16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
                     load4_bf16, vfmaq_f32, NO_PREFETCH, nm_load1_bf16)
 
-/* packed weights: four 8-column slivers at a time (unmeasured on Arm; the avx2 walk) */
-NM_DEFINE_GEMV_PACKED(gemv_packed_f32_neon, 4, float32x4_t, 4, NR, 4, vdupq_n_f32, vld1q_f32,
-                      vst1q_f32, load4_f32, vfmaq_f32)
-NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_neon, 2, float32x4_t, 4, NR, 4, vdupq_n_f32, vld1q_f32,
-                      vst1q_f32, load4_fp16, vfmaq_f32)
-NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_neon, 2, float32x4_t, 4, NR, 4, vdupq_n_f32, vld1q_f32,
-                      vst1q_f32, load4_bf16, vfmaq_f32)
+/* packed weights: four 8-column slivers at a time, for one row and for two (16 of the 32
+ * registers); unmeasured on Arm, the avx2 walk */
+NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR, 4, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
+                       load4_f32, load4_fp16, load4_bf16, vfmaq_f32)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -164,6 +161,7 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     row->kc = 256;
     NM_SET_MATMUL_SLOTS(row, gemv, neon);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, neon);
+    NM_SET_MATMUL_SLOTS(row, gemv2_packed, neon);
     NM_SET_MATMUL_SLOTS(row, pack, neon);
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";

@@ -29,13 +29,10 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
 #define FMAF_ACC(acc, x, y) fmaf(x, y, acc)
 #define SCALAR_NR 8
 
-/* Packed weights, one 8-column sliver at a time: eight chains in locals for all of k. */
-NM_DEFINE_GEMV_PACKED(gemv_packed_f32_scalar, 4, float, 1, SCALAR_NR, 1, SET1, LOAD1C, STORE1,
-                      nm_load1_f32, FMAF_ACC)
-NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_scalar, 2, float, 1, SCALAR_NR, 1, SET1, LOAD1C, STORE1,
-                      nm_load1_fp16, FMAF_ACC)
-NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_scalar, 2, float, 1, SCALAR_NR, 1, SET1, LOAD1C, STORE1,
-                      nm_load1_bf16, FMAF_ACC)
+/* Packed weights, one 8-column sliver at a time: eight chains in locals for all of k, or
+ * sixteen for two rows. */
+NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1, nm_load1_f32,
+                       nm_load1_fp16, nm_load1_bf16, FMAF_ACC)
 
 NM_DEFINE_PACK(pack_f32_scalar, 4, 1, nm_load1_f32, STORE1, nm_load1_f32)
 NM_DEFINE_PACK(pack_fp16_scalar, 2, 1, nm_load1_fp16, STORE1, nm_load1_fp16)
@@ -100,6 +97,7 @@ void nm_fill_row_scalar(nm_kernel_row *row) {
     row->kc = 256;
     NM_SET_MATMUL_SLOTS(row, gemv, scalar);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, scalar); /* every row sets its own: the layout is NR */
+    NM_SET_MATMUL_SLOTS(row, gemv2_packed, scalar);
     NM_SET_MATMUL_SLOTS(row, pack, scalar);
     row->ukernel = ukernel_4x8_scalar;
     row->ukernel_name = "ukernel_4x8_scalar";

@@ -96,11 +96,14 @@ def use_isa(name: str) -> Iterator[None]:
         _core.set_isa(previous)
 
 
-def describe_kernels(op: str, names: list[str], packed_gemv: str | None = None) -> str:
+def describe_kernels(op: str, names: list[str], packed: list[str] | None = None) -> str:
     """One string naming the C kernels: for matmul, the m == 1 path (and its version for
-    packed weights), then the m > 1 path (the tile that decodes a sliver, the tile that
-    reuses it, and the pack of a narrow last one)."""
+    packed weights), the m == 2 path on packed weights, then the m > 1 path (the tile that
+    decodes a sliver, the tile that reuses it, and the pack of a narrow last one).
+    ``packed`` is ``kernel_names("matmul_packed", fmt)``: the packed gemv, the two-row
+    packed gemv, then the tiles."""
     if op == "matmul" and len(names) == 4:
-        m1 = f"{names[0]}, {packed_gemv} packed" if packed_gemv else names[0]
-        return f"{m1} (m=1); {names[1]} + {names[2]}, {names[3]} for edges (m>1)"
+        m1 = f"{names[0]}, {packed[0]} packed" if packed else names[0]
+        m2 = f"{packed[1]} packed (m=2); " if packed and len(packed) > 1 else ""
+        return f"{m1} (m=1); {m2}{names[1]} + {names[2]}, {names[3]} for edges (m>1)"
     return " + ".join(names)
