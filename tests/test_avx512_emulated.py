@@ -192,10 +192,11 @@ def test_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "bf16"])
-@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("m", [1, 2, 9])
 def test_every_weight_pattern_through_both_paths(emulator, fmt, m):
     """k = 1 and n = 65,536: each output column is one fma with one of the 65,536 weight
-    patterns (NaNs, infinities, subnormals included), on the gemv (m = 1) and packed paths."""
+    patterns (NaNs, infinities, subnormals included), on the gemv (m = 1), the two-row gemv
+    (m = 2) and the tiled path."""
     rng = np.random.default_rng(m)
     bits = np.arange(65536, dtype=np.uint16)
     case = matmul_case(rng, fmt, m, 65536, 1, accumulate=True, threads=2, b_offset=1,

@@ -21,8 +21,8 @@ def matmul_with(provider, *args, **kwargs):
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_kernel_sweep_all_patterns_times_one(fmt, m):
     """All 65,536 weight patterns times 1.0 into a zeroed C equal the decoded weights
-    (fma(1, w, +0) turns -0 into +0). m = 1 streams; m > 1 takes the packed path, with
-    the extra rows weighted 0."""
+    (fma(1, w, +0) turns -0 into +0). m = 1 and m = 2 stream (the gemv, the two-row gemv);
+    m = 5 takes the tiled path. The extra rows are weighted 0."""
     x = np.zeros((m, 1), np.float32)
     x[0, 0] = 1.0
     got = nm.matmul(x, nm.Weights.from_bits(ALL16[None, :], fmt))

@@ -216,13 +216,17 @@ static void matmul_part(void *ctx, int part, int parts) {
             job->row->gemv_packed[job->fmt](job->k, j1 - j0, job->a, b, job->c + j0);
         else
             job->row->gemv[job->fmt](job->k, j1 - j0, job->a, b, ldb, job->c + j0);
-    } else if (job->packed && i1 - i0 == 2) {
-        /* two rows on packed weights: stream them once for both, as the gemv does for one;
-         * a tile would leave half its rows empty and read a single stream */
+    } else if (i1 - i0 == 2) {
+        /* two rows: stream B once for both, as the gemv does for one; a tile would leave
+         * half its rows empty and read B as one stream of short runs */
         int64_t ldb;
         const uint8_t *b = weights_at(job, 0, j0, &ldb);
-        job->row->gemv2_packed[job->fmt](job->k, j1 - j0, job->a + i0 * job->lda, job->lda, b,
-                                         job->c + i0 * job->ldc + j0, job->ldc);
+        const float *a = job->a + i0 * job->lda;
+        float *c = job->c + i0 * job->ldc + j0;
+        if (job->packed)
+            job->row->gemv2_packed[job->fmt](job->k, j1 - j0, a, job->lda, b, c, job->ldc);
+        else
+            job->row->gemv2[job->fmt](job->k, j1 - j0, a, job->lda, b, ldb, c, job->ldc);
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
     }

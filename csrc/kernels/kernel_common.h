@@ -120,6 +120,88 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
         }                                                                                    \
     }
 
+/* The m == 2 streaming product (nm_gemv2_fn), from the same vector operations as
+ * NM_DEFINE_GEMV_SIMD: the gemv's walk for two rows of A (lda apart) and C (ldc apart),
+ * three rows of B per step (p ascending) applied to four vectors of each C row held in
+ * registers. Each weight vector is loaded once and feeds both rows' FMAs, so B is read once
+ * for the two rows; 8 accumulators and 6 broadcasts leave a register for the weights on a
+ * 16-register ISA (four rows of B a step would not). Single vectors, then scalar fmaf, take
+ * the columns left over, and single rows of B the last k % 3. */
+#define NM_GEMV2_ROW_(FMA, LOADW, bq, w, s, t)                                               \
+    (w_ = LOADW(bq), x0 = FMA(x0, s, w_), y0 = FMA(y0, t, w_), w_ = LOADW((bq) + (w)),       \
+     x1 = FMA(x1, s, w_), y1 = FMA(y1, t, w_), w_ = LOADW((bq) + 2 * (w)),                   \
+     x2 = FMA(x2, s, w_), y2 = FMA(y2, t, w_), w_ = LOADW((bq) + 3 * (w)),                   \
+     x3 = FMA(x3, s, w_), y3 = FMA(y3, t, w_))
+
+#define NM_DEFINE_GEMV2_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,    \
+                             LOAD1)                                                          \
+    static inline void NAME##_rows_(int64_t rows, int64_t n, const float *a, const float *a1, \
+                                    const uint8_t *b, int64_t ldb, float *c, float *c1) {    \
+        /* rows (1 or 3, a constant once inlined) rows of B from b, weights a[0..rows) and   \
+         * a1[0..rows) */                                                                    \
+        VEC s[3], t[3];                                                                      \
+        _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) s[q] = SET1(a[q]),        \
+                                                                   t[q] = SET1(a1[q]);       \
+        int64_t j = 0;                                                                       \
+        for (; j + 4 * (L) <= n; j += 4 * (L)) {                                             \
+            VEC x0 = LOADC(c + j), x1 = LOADC(c + j + (L));                                  \
+            VEC x2 = LOADC(c + j + 2 * (L)), x3 = LOADC(c + j + 3 * (L));                    \
+            VEC y0 = LOADC(c1 + j), y1 = LOADC(c1 + j + (L));                                \
+            VEC y2 = LOADC(c1 + j + 2 * (L)), y3 = LOADC(c1 + j + 3 * (L));                  \
+            VEC w_;                                                                          \
+            const int64_t o = (ITEM) * j, w = (ITEM) * (L);                                  \
+            _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) { /* + next rows' */ \
+                for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b + (rows + q) * ldb + o + l); \
+                NM_GEMV2_ROW_(FMA, LOADW, b + q * ldb + o, w, s[q], t[q]);                  \
+            }                                                                                \
+            STOREC(c + j, x0), STOREC(c + j + (L), x1);                                      \
+            STOREC(c + j + 2 * (L), x2), STOREC(c + j + 3 * (L), x3);                        \
+            STOREC(c1 + j, y0), STOREC(c1 + j + (L), y1);                                    \
+            STOREC(c1 + j + 2 * (L), y2), STOREC(c1 + j + 3 * (L), y3);                      \
+        }                                                                                    \
+        for (; j + (L) <= n; j += (L)) {                                                     \
+            VEC x0 = LOADC(c + j), y0 = LOADC(c1 + j);                                       \
+            _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) {                     \
+                const VEC w_ = LOADW(b + q * ldb + (ITEM) * j);                              \
+                x0 = FMA(x0, s[q], w_), y0 = FMA(y0, t[q], w_);                              \
+            }                                                                                \
+            STOREC(c + j, x0), STOREC(c1 + j, y0);                                           \
+        }                                                                                    \
+        for (; j < n; ++j) {                                                                 \
+            float x_ = c[j], y_ = c1[j];                                                     \
+            for (int64_t q = 0; q < rows; ++q) {                                             \
+                const float w_ = LOAD1(b + q * ldb + (ITEM) * j);                            \
+                x_ = fmaf(a[q], w_, x_), y_ = fmaf(a1[q], w_, y_);                           \
+            }                                                                                \
+            c[j] = x_, c1[j] = y_;                                                           \
+        }                                                                                    \
+    }                                                                                        \
+    static void NAME(int64_t k, int64_t n, const float *a, int64_t lda, const uint8_t *b,    \
+                     int64_t ldb, float *c, int64_t ldc) {                                   \
+        int64_t p = 0;                                                                       \
+        for (; p + 3 <= k; p += 3)                                                           \
+            NAME##_rows_(3, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc);            \
+        for (; p < k; ++p) NAME##_rows_(1, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc); \
+    }
+
+/* Both row-major gemvs for the three formats of a SIMD row, named gemv_<fmt>_<ISA> and
+ * gemv2_<fmt>_<ISA>. LOADF32, LOADFP16, LOADBF16: the row's LOADW per format; LOAD1FP16 its
+ * single fp16 weight (f32 and bf16 singles are the portable loads). */
+#define NM_DEFINE_ROW_MAJOR_GEMVS(ISA, VEC, L, SET1, LOADC, STOREC, LOADF32, LOADFP16,         \
+                                  LOADBF16, FMA, PREFETCH, LOAD1FP16)                          \
+    NM_DEFINE_GEMV_SIMD(gemv_f32_##ISA, 4, VEC, L, SET1, LOADC, STOREC, LOADF32, FMA, PREFETCH, \
+                        nm_load1_f32)                                                        \
+    NM_DEFINE_GEMV_SIMD(gemv_fp16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADFP16, FMA,      \
+                        PREFETCH, LOAD1FP16)                                                 \
+    NM_DEFINE_GEMV_SIMD(gemv_bf16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADBF16, FMA,      \
+                        PREFETCH, nm_load1_bf16)                                             \
+    NM_DEFINE_GEMV2_SIMD(gemv2_f32_##ISA, 4, VEC, L, SET1, LOADC, STOREC, LOADF32, FMA,      \
+                         PREFETCH, nm_load1_f32)                                             \
+    NM_DEFINE_GEMV2_SIMD(gemv2_fp16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADFP16, FMA,    \
+                         PREFETCH, LOAD1FP16)                                                \
+    NM_DEFINE_GEMV2_SIMD(gemv2_bf16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADBF16, FMA,    \
+                         PREFETCH, nm_load1_bf16)
+
 /* The m == 1 and m == 2 products on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn),
  * written once from the row's vector operations: G slivers of NRW columns at a time, for RR
  * rows of A (lda apart) and C (ldc apart), their RR x G x NRW/L accumulator vectors in

@@ -24,6 +24,11 @@
 typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
                            int64_t ldb, float *c);
 
+/* m == 2, row-major: the gemv chains for two rows at once, row r of A at a + r*lda and of C
+ * at c + r*ldc (float strides). Each weight is read once for both rows. */
+typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
+                            const uint8_t *b, int64_t ldb, float *c, int64_t ldc);
+
 /* m == 1 on packed weights (the row's sliver-major layout, see nm_matmul_packed): the same
  * chains as gemv over columns 0..n-1 of the slivers starting at b, sliver s holding its k
  * rows of NR weights at b + s*k*NR*itemsize + p*NR*itemsize (NR of the including row).
@@ -85,6 +90,8 @@ typedef struct nm_kernel_row {
     int64_t kc;           /* k block the frame uses with this row (a sliver is kc x nr) */
     nm_gemv_fn gemv[NM_FMT_COUNT];
     const char *gemv_name[NM_FMT_COUNT];
+    nm_gemv2_fn gemv2[NM_FMT_COUNT];
+    const char *gemv2_name[NM_FMT_COUNT];
     nm_gemv_packed_fn gemv_packed[NM_FMT_COUNT];
     const char *gemv_packed_name[NM_FMT_COUNT];
     nm_gemv2_packed_fn gemv2_packed[NM_FMT_COUNT];

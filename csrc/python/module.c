@@ -423,10 +423,11 @@ static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
     if (parse_format(fmt) < 0) return NULL;
     const nm_kernel_row *r = current_row;
     if (strcmp(op, "matmul") == 0) {
-        if (!r->gemv[fmt] || !r->ukernel_pack[fmt] || !r->ukernel || !r->pack[fmt])
+        if (!r->gemv[fmt] || !r->gemv2[fmt] || !r->ukernel_pack[fmt] || !r->ukernel ||
+            !r->pack[fmt])
             return PyList_New(0);
-        return Py_BuildValue("[ssss]", r->gemv_name[fmt], r->ukernel_pack_name[fmt],
-                             r->ukernel_name, r->pack_name[fmt]);
+        return Py_BuildValue("[sssss]", r->gemv_name[fmt], r->gemv2_name[fmt],
+                             r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
     }
     if (strcmp(op, "matmul_packed") == 0) {
         if (!r->gemv_packed[fmt] || !r->gemv2_packed[fmt] || !r->ukernel_pack[fmt] ||

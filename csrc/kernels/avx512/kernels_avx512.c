@@ -36,12 +36,10 @@ static inline __m512 load16_bf16(const uint8_t *p) {
 
 #define FMADD16(acc, x, y) _mm512_fmadd_ps(x, y, acc)
 
-NM_DEFINE_GEMV_SIMD(gemv_f32_avx512, 4, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
-                    _mm512_storeu_ps, load16_f32, FMADD16, PREFETCH_T0, nm_load1_f32)
-NM_DEFINE_GEMV_SIMD(gemv_fp16_avx512, 2, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
-                    _mm512_storeu_ps, load16_fp16, FMADD16, PREFETCH_T0, load1_fp16_f16c)
-NM_DEFINE_GEMV_SIMD(gemv_bf16_avx512, 2, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
-                    _mm512_storeu_ps, load16_bf16, FMADD16, PREFETCH_T0, nm_load1_bf16)
+/* m == 2 (gemv2): the avx2 row's walk (untimed: no AVX-512 here) */
+NM_DEFINE_ROW_MAJOR_GEMVS(avx512, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
+                          _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, FMADD16,
+                          PREFETCH_T0, load1_fp16_f16c)
 
 /* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
  * one row and for two (16 accumulators of the 32 registers; untimed: no AVX-512 here) */
@@ -197,6 +195,7 @@ void nm_fill_row_avx512(nm_kernel_row *row) {
     row->nr = NR;
     row->kc = 128; /* a 16 KiB sliver and a 4 KiB A micro-panel stay in a 32 KiB L1 */
     NM_SET_MATMUL_SLOTS(row, gemv, avx512);
+    NM_SET_MATMUL_SLOTS(row, gemv2, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv2_packed, avx512);
     NM_SET_MATMUL_SLOTS(row, pack, avx512);

@@ -33,12 +33,9 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
 /* No software prefetch: unmeasured on Arm hardware, the hardware prefetchers are trusted. */
 #define NO_PREFETCH(p) ((void)(p))
 
-NM_DEFINE_GEMV_SIMD(gemv_f32_neon, 4, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
-                    load4_f32, vfmaq_f32, NO_PREFETCH, nm_load1_f32)
-NM_DEFINE_GEMV_SIMD(gemv_fp16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
-                    load4_fp16, vfmaq_f32, NO_PREFETCH, nm_load1_fp16)
-NM_DEFINE_GEMV_SIMD(gemv_bf16_neon, 2, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
-                    load4_bf16, vfmaq_f32, NO_PREFETCH, nm_load1_bf16)
+/* m == 2 (gemv2): the avx2 row's walk (unmeasured on Arm) */
+NM_DEFINE_ROW_MAJOR_GEMVS(neon, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32, load4_f32,
+                          load4_fp16, load4_bf16, vfmaq_f32, NO_PREFETCH, nm_load1_fp16)
 
 /* packed weights: four 8-column slivers at a time, for one row and for two (16 of the 32
  * registers); unmeasured on Arm, the avx2 walk */
@@ -160,6 +157,7 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     row->nr = NR;
     row->kc = 256;
     NM_SET_MATMUL_SLOTS(row, gemv, neon);
+    NM_SET_MATMUL_SLOTS(row, gemv2, neon);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, neon);
     NM_SET_MATMUL_SLOTS(row, gemv2_packed, neon);
     NM_SET_MATMUL_SLOTS(row, pack, neon);

@@ -28,6 +28,15 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
 #define SET1(x) (x)
 #define FMAF_ACC(acc, x, y) fmaf(x, y, acc)
 #define SCALAR_NR 8
+#define NO_PREFETCH(p) ((void)(p))
+
+/* Two rows at once, from the SIMD rows' template with one-float "vectors": the same chains. */
+NM_DEFINE_GEMV2_SIMD(gemv2_f32_scalar, 4, float, 1, SET1, LOAD1C, STORE1, nm_load1_f32, FMAF_ACC,
+                     NO_PREFETCH, nm_load1_f32)
+NM_DEFINE_GEMV2_SIMD(gemv2_fp16_scalar, 2, float, 1, SET1, LOAD1C, STORE1, nm_load1_fp16,
+                     FMAF_ACC, NO_PREFETCH, nm_load1_fp16)
+NM_DEFINE_GEMV2_SIMD(gemv2_bf16_scalar, 2, float, 1, SET1, LOAD1C, STORE1, nm_load1_bf16,
+                     FMAF_ACC, NO_PREFETCH, nm_load1_bf16)
 
 /* Packed weights, one 8-column sliver at a time: eight chains in locals for all of k, or
  * sixteen for two rows. */
@@ -96,6 +105,7 @@ void nm_fill_row_scalar(nm_kernel_row *row) {
     row->nr = SCALAR_NR;
     row->kc = 256;
     NM_SET_MATMUL_SLOTS(row, gemv, scalar);
+    NM_SET_MATMUL_SLOTS(row, gemv2, scalar);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, scalar); /* every row sets its own: the layout is NR */
     NM_SET_MATMUL_SLOTS(row, gemv2_packed, scalar);
     NM_SET_MATMUL_SLOTS(row, pack, scalar);

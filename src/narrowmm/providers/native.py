@@ -97,13 +97,14 @@ def use_isa(name: str) -> Iterator[None]:
 
 
 def describe_kernels(op: str, names: list[str], packed: list[str] | None = None) -> str:
-    """One string naming the C kernels: for matmul, the m == 1 path (and its version for
-    packed weights), the m == 2 path on packed weights, then the m > 1 path (the tile that
-    decodes a sliver, the tile that reuses it, and the pack of a narrow last one).
-    ``packed`` is ``kernel_names("matmul_packed", fmt)``: the packed gemv, the two-row
-    packed gemv, then the tiles."""
-    if op == "matmul" and len(names) == 4:
-        m1 = f"{names[0]}, {packed[0]} packed" if packed else names[0]
-        m2 = f"{packed[1]} packed (m=2); " if packed and len(packed) > 1 else ""
-        return f"{m1} (m=1); {m2}{names[1]} + {names[2]}, {names[3]} for edges (m>1)"
+    """One string naming the C kernels of ``kernel_names(op, fmt)``: for matmul, the m == 1
+    and m == 2 gemvs, then the m > 2 path (the tile that decodes a sliver, the tile that
+    reuses it, and the pack of a narrow last one). ``packed`` is
+    ``kernel_names("matmul_packed", fmt)``, whose two gemvs are named next to them."""
+    if op == "matmul" and len(names) == 5:
+        gemv, gemv2, tiles = names[0], names[1], names[2:]
+        if packed and len(packed) == 5:
+            gemv, gemv2 = f"{gemv}, {packed[0]} packed", f"{gemv2}, {packed[1]} packed"
+        return (f"{gemv} (m=1); {gemv2} (m=2); {tiles[0]} + {tiles[1]}, {tiles[2]} for edges "
+                f"(m>2)")
     return " + ".join(names)
