@@ -208,25 +208,24 @@ static void matmul_part(void *ctx, int part, int parts) {
     if (j0 >= j1 || i0 >= i1) return;
     if (!job->accumulate) zero_block(i1 - i0, j1 - j0, job->c + i0 * job->ldc + j0, job->ldc);
     if (job->k == 0) return;
-    if (job->m == 1) {
-        /* nothing to amortise: stream B once, straight */
-        int64_t ldb;
-        const uint8_t *b = weights_at(job, 0, j0, &ldb);
-        if (job->packed)
-            job->row->gemv_packed[job->fmt](job->k, j1 - j0, job->a, b, job->c + j0);
-        else
-            job->row->gemv[job->fmt](job->k, j1 - j0, job->a, b, ldb, job->c + j0);
-    } else if (i1 - i0 == 2) {
-        /* two rows: stream B once for both, as the gemv does for one; a tile would leave
-         * half its rows empty and read B as one stream of short runs */
+    const int64_t rows = i1 - i0;
+    if (job->m == 1 || rows == 2) {
+        /* one or two rows: nothing to amortise, so stream B once, straight, for them all; a
+         * tile would leave half its rows empty and read B as one stream of short runs */
+        const nm_kernel_row *row = job->row;
+        const int fmt = job->fmt;
         int64_t ldb;
         const uint8_t *b = weights_at(job, 0, j0, &ldb);
         const float *a = job->a + i0 * job->lda;
         float *c = job->c + i0 * job->ldc + j0;
-        if (job->packed)
-            job->row->gemv2_packed[job->fmt](job->k, j1 - j0, a, job->lda, b, c, job->ldc);
+        if (rows == 1 && job->packed)
+            row->gemv_packed[fmt](job->k, j1 - j0, a, b, c);
+        else if (rows == 1)
+            row->gemv[fmt](job->k, j1 - j0, a, b, ldb, c);
+        else if (job->packed)
+            row->gemv2_packed[fmt](job->k, j1 - j0, a, job->lda, b, c, job->ldc);
         else
-            job->row->gemv2[job->fmt](job->k, j1 - j0, a, job->lda, b, ldb, c, job->ldc);
+            row->gemv2[fmt](job->k, j1 - j0, a, job->lda, b, ldb, c, job->ldc);
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
     }
