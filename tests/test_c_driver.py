@@ -68,8 +68,48 @@ def test_driver_under_thread_sanitizer(tmp_path):
     assert "ThreadSanitizer" not in text
 
 
+def cross_toolchain_problem(tmp_path: Path, *extra: str) -> str | None:
+    """Why aarch64-linux-gnu-gcc cannot link a program, naming the package to install, or
+    None. A compiler installed without its C library (gcc-aarch64-linux-gnu only recommends
+    libc6-dev-arm64-cross) passes `need` but fails every link: say so in one line, not in a
+    CMake log."""
+    src = tmp_path / "hello.c"
+    src.write_text("#include <stdio.h>\nint main(void) { puts(\"ok\"); return 0; }\n")
+    out = subprocess.run(["aarch64-linux-gnu-gcc", *extra, str(src), "-o",
+                          str(tmp_path / "hello")], capture_output=True, text=True, timeout=120)
+    if out.returncode == 0:
+        return None
+    said = " ".join(out.stderr.split())[:300]
+    return ("the AArch64 cross toolchain is half-installed: aarch64-linux-gnu-gcc cannot link "
+            "a program, so its C library is missing; install libc6-dev-arm64-cross "
+            f"(tools/install-test-deps does). The linker said: {said}")
+
+
+def test_half_installed_cross_toolchain_is_named(tmp_path):
+    """An empty sysroot stands for a machine without libc6-dev-arm64-cross."""
+    need("aarch64-linux-gnu-gcc")
+    (tmp_path / "empty").mkdir()
+    problem = cross_toolchain_problem(tmp_path, f"--sysroot={tmp_path / 'empty'}")
+    assert problem is not None and "install libc6-dev-arm64-cross" in problem
+    assert cross_toolchain_problem(tmp_path) is None, "the real toolchain must link"
+
+
+def test_install_script_names_the_cross_libc(tmp_path):
+    """tools/install-test-deps --check lists libc6-dev-arm64-cross when the sysroot lacks
+    it, even where the compiler is installed."""
+    (tmp_path / "lib").mkdir()
+    out = subprocess.run(["bash", str(ROOT / "tools" / "install-test-deps"), "--check"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NM_AARCH64_SYSROOT": str(tmp_path)})
+    assert out.returncode == 1
+    assert "libc6-dev-arm64-cross" in out.stdout
+
+
 def test_neon_row_under_qemu(tmp_path):
     need("aarch64-linux-gnu-gcc", "qemu-aarch64")
+    problem = cross_toolchain_problem(tmp_path)
+    if problem:
+        pytest.fail(problem) if IN_CI else pytest.skip(problem)
     build_dir, log = build(tmp_path, f"-DCMAKE_TOOLCHAIN_FILE={ROOT}/cmake/aarch64-linux-gnu.cmake")
     assert "warning:" not in log, log
     text = run_driver(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu",

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import narrowmm as nm
 from narrowmm.cli import main
@@ -93,3 +94,49 @@ def test_bench_one_layout(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["config"]["layouts"] == ["packed"]
     assert {r["system"] for r in doc["results"]} == {"narrowmm-packed"}
+
+
+def test_version_flag_and_python_dash_m():
+    for cmd in ([sys.executable, "-m", "narrowmm", "--version"],
+                [sys.executable, "-m", "narrowmm.cli", "--version"]):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == f"narrowmm {nm.__version__}"
+    out = subprocess.run([sys.executable, "-m", "narrowmm", "info"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "isa:" in out.stdout
+
+
+def test_plot_without_matplotlib_fails_before_any_timing(tmp_path):
+    """matplotlib blocked (a None entry in sys.modules makes its import fail): the command
+    must stop at once, naming the extra to install."""
+    code = ("import sys; sys.modules['matplotlib'] = None;"
+            "from narrowmm.cli import main; sys.exit(main(sys.argv[1:]))")
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, "bench", "--plot",
+                          str(tmp_path / "p.png")], capture_output=True, text=True, timeout=120)
+    assert time.perf_counter() - t0 < 10
+    assert out.returncode != 0
+    assert 'pip install "narrowmm[plot]"' in out.stderr
+    assert "limits" not in out.stdout  # nothing was measured
+
+
+def test_output_folder_that_does_not_exist_fails_at_once(tmp_path):
+    out = run_cli("bench", "--quick", "--json", str(tmp_path / "nowhere" / "b.json"))
+    assert out.returncode != 0 and "does not exist" in out.stderr and "limits" not in out.stdout
+
+
+def test_bench_explains_itself_and_summarises(tmp_path):
+    """Not a terminal: one progress line per case; columns and limits explained under the
+    tables; a closing summary per batch size; --plot draws a PNG."""
+    png = tmp_path / "b.png"
+    out = run_cli("bench", "--shape", "64,48", "--batch", "1,3", "--quick", "--format",
+                  "bf16", "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    progress = [line for line in text.splitlines() if line.startswith("[")]
+    assert len(progress) >= 4 and progress[-1].startswith(f"[{len(progress)}/")
+    assert "% limit: m = 1, GB/s over the read limit" in text
+    assert "> 100 %" in text and "prefetchers" in text  # what exceeding the read limit means
+    summary = text[text.index("summary ("):]
+    assert "m = 1 " in summary and "m = 3 " in summary and "the fastest peer's speed" in summary
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

@@ -1,15 +1,67 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written: here, and in a fresh virtual environment
+holding only what the README's "Install" section tells a reader to install."""
 
 import re
+import shlex
+import subprocess
+import venv
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def python_blocks() -> list[str]:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) >= 2
+    return blocks
+
+
+def install_commands() -> list[list[str]]:
+    """The pip commands of the first sh block under "## Install", comments dropped."""
+    text = README.read_text()
+    section = text[text.index("## Install\n"):]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.S)
+    assert block, "README has no sh block under ## Install"
+    commands = [shlex.split(line, comments=True) for line in block.group(1).splitlines()]
+    commands = [c for c in commands if c]
+    assert commands and all(c[:4] == ["python3", "-m", "pip", "install"] for c in commands)
+    return commands
+
+
+def check_output(out: str) -> None:
+    assert "ms per call" in out and "Linear(in_features=1024, out_features=2048" in out
 
 
 def test_readme_python_blocks_run(capsys):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 2
-    for block in blocks:
+    for block in python_blocks():
         exec(compile(block, str(README), "exec"), {})
-    out = capsys.readouterr().out
-    assert "ms per call" in out and "Linear(in_features=1024, out_features=2048" in out
+    check_output(capsys.readouterr().out)
+
+
+def test_readme_links_work_off_the_source_tree():
+    """A package index shows README.md without the docs/ folder: no relative links."""
+    links = re.findall(r"\]\(([^)]+)\)", README.read_text())
+    relative = [link for link in links if not re.match(r"[a-z]+://|#", link)]
+    assert relative == [], f"relative links break on a package index page: {relative}"
+
+
+@pytest.mark.slow
+def test_readme_in_a_fresh_venv(tmp_path):
+    """Only README's install commands, then every Python block, in a new venv (about two
+    minutes: the commands build narrowmm)."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = str(env_dir / "bin" / "python")
+    for command in install_commands():
+        out = subprocess.run([python, *command[1:]], cwd=ROOT, capture_output=True, text=True,
+                             timeout=900)
+        assert out.returncode == 0, f"{shlex.join(command)} failed:\n{out.stdout}{out.stderr}"
+    work = tmp_path / "work"  # not the checkout: import the installed narrowmm
+    work.mkdir()
+    out = subprocess.run([python, "-c", "\n".join(python_blocks())], cwd=work,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    check_output(out.stdout)

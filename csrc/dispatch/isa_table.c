@@ -1,5 +1,6 @@
 /* narrowmm: the ISA rows compiled into this build, best first. The binding picks the first
- * row whose required features the CPU has, unless NARROWMM_ISA names one. */
+ * row whose required features the CPU has; NARROWMM_ISA (applied by the Python layer) can
+ * name another. */
 #include "../include/narrowmm.h"
 
 const nm_isa_entry nm_isa_table[] = {

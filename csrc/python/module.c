@@ -568,8 +568,8 @@ static int core_exec(PyObject *module) {
         row_supported[i] = (nm_isa_table[i].required & ~cpu_features) == 0;
         if (row_supported[i] && !current_row) current_row = &rows[i];
     }
-    const char *forced = getenv("NARROWMM_ISA");
-    if (forced && *forced && select_row(forced, "NARROWMM_ISA") < 0) return -1;
+    /* NARROWMM_ISA is applied from Python (providers/native.py), where a bad value is
+     * recorded and reported instead of failing the import. */
     if (!current_row) {
         PyErr_SetString(PyExc_RuntimeError, "no ISA row can run on this CPU");
         return -1;

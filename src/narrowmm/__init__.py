@@ -13,6 +13,7 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 
 from ._api import decode, encode, matmul
+from ._environ import EnvironmentVariableError
 from ._formats import FORMATS, Format, get_format
 from ._linear import Linear
 from ._runtime import runtime_info, show_runtime
@@ -32,6 +33,7 @@ _init_threads()
 
 __all__ = [
     "FORMATS",
+    "EnvironmentVariableError",
     "FallbackWarning",
     "Format",
     "Linear",

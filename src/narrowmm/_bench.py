@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -500,6 +501,11 @@ class Progress:
     def __init__(self, total: int) -> None:
         self._bar: Any = None
         self._rich: Any = None
+        self._total = total
+        self._done = 0
+        self._plain = not sys.stdout.isatty()
+        if self._plain:  # a log or a pipe: one line per finished case, no bar
+            return
         try:
             from rich.progress import Progress as RichProgress
 
@@ -515,6 +521,8 @@ class Progress:
                 pass
 
     def note(self, text: str) -> None:
+        if self._plain:
+            return
         if self._rich is not None:
             self._rich.update(self._task, description=text)
         elif self._bar is not None:
@@ -523,6 +531,10 @@ class Progress:
             print(f"  {text}", flush=True)
 
     def step(self, text: str) -> None:
+        self._done += 1
+        if self._plain:
+            print(f"[{self._done}/{self._total}] {text}", flush=True)
+            return
         self.note(text)
         if self._rich is not None:
             self._rich.advance(self._task)
@@ -541,12 +553,69 @@ def _ms(v: float, width: int) -> str:
     return f"{v:>{width}.3f}" if v >= 0.1 else f"{v:>{width}.4g}"
 
 
+LIMITS_EXPLAINED = [
+    "  read: one contiguous stream per thread of vector loads over 4x the last-level cache;",
+    "        kernels reading several streams at once (packed slivers) can beat it: > 100 %",
+    "        of it is the hardware prefetchers at work, not a timing error.",
+    "  FMA:  independent float32 vector FMA chains in registers, no memory traffic.",
+]
+COLUMNS_EXPLAINED = [
+    "  m: batch rows; layout: rows = Weights (row-major), packed = Weights.pack();",
+    "  ms: median per call; GB/s: weight bytes per second; GFLOP/s: 2*m*k*n per second;",
+    "  % limit: m = 1, GB/s over the read limit; m > 1, GFLOP/s over the FMA limit;",
+    "  % read now: m = 1, GB/s over the read probe timed between the same calls;",
+    "  vs numpy: NumPy float32 matmul's time over narrowmm's (higher: narrowmm faster).",
+]
+
+
+def system_label(r: Result) -> str:
+    """A system's name with its format where the name alone does not say it."""
+    if r.system in NARROWMM_SYSTEMS or r.system == "numpy-upcast":
+        return f"{r.system} {r.format}"
+    return r.system
+
+
+def format_summary(results: list[Result]) -> str:
+    """A few closing lines: per thread count, cache state and batch size, narrowmm's
+    faster layout of its 16-bit formats against the fastest peer of each shape."""
+    lines: list[str] = []
+    for cache, t in sorted({(r.cache, r.threads) for r in results}):
+        rs = [r for r in results if (r.cache, r.threads) == (cache, t)]
+        peers = [r for r in rs if r.system not in NARROWMM_SYSTEMS]
+        mine = [r for r in rs if r.system in NARROWMM_SYSTEMS and r.format != "f32"]
+        if not mine:
+            continue
+        lines.append(f"summary ({cache} cache, {t} thread(s)): narrowmm's faster layout of "
+                     "fp16/bf16, per shape, against the fastest peer")
+        for m in sorted({r.m for r in mine}):
+            ratios, shares, names = [], [], []
+            for shape in sorted({r.shape for r in mine if r.m == m}):
+                best = min((r for r in mine if (r.shape, r.m) == (shape, m)),
+                           key=lambda r: r.median_ms)
+                shares.append(best.pct_of_limit)
+                rivals = [r for r in peers if (r.shape, r.m) == (shape, m)]
+                if rivals:
+                    peer = min(rivals, key=lambda r: r.median_ms)
+                    ratios.append(peer.median_ms / best.median_ms)
+                    names.append(system_label(peer))
+            limit = "read" if m == 1 else "FMA"
+            share = f"{min(shares):.0f}-{max(shares):.0f} % of the {limit} limit"
+            if ratios:
+                common = max(set(names), key=names.count)
+                lines.append(f"  m = {m:<4} {min(ratios):.2f}x-{max(ratios):.2f}x the fastest "
+                             f"peer's speed (mostly {common}); {share}")
+            else:
+                lines.append(f"  m = {m:<4} no peers timed; {share}")
+    return "\n".join(lines)
+
+
 def format_tables(limits: list[Limits], results: list[Result]) -> str:
     """Human tables: narrowmm against the limits and NumPy, then every system's time."""
     lines: list[str] = []
     for li in limits:
         lines.append(f"limits ({li.isa}, {li.threads} thread(s)): read {li.read_gbps:.1f} GB/s, "
                      f"float32 FMA {li.fma_gflops:.1f} GFLOP/s")
+    lines += LIMITS_EXPLAINED
     groups = sorted({(r.cache, r.threads) for r in results})
     for cache, t in groups:
         rs = [r for r in results if (r.cache, r.threads) == (cache, t)]
@@ -565,6 +634,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
             lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{layout:<7}{r.format:<5}"
                          f"{_ms(r.median_ms, 9)}{r.gbps:>8.1f}{r.gflops:>9.1f}"
                          f"{r.pct_of_limit:>8.0f}%{now}{ratio:>10}")
+        lines += COLUMNS_EXPLAINED
         systems = sorted({(r.system, r.format) for r in rs if r.system not in NARROWMM_SYSTEMS})
         nm_fmts = sorted({r.format for r in rs if r.system in NARROWMM_SYSTEMS},
                          key=NARROWMM_FORMATS.index)
@@ -590,8 +660,23 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+# Plot series in family order, each with its own colour (narrowmm blues and greens, NumPy
+# greys, ml_dtypes purple, PyTorch oranges and reds) and a marker for the rows layout.
+PLOT_SERIES = (
+    ("narrowmm", "bf16", "#08519c"), ("narrowmm", "fp16", "#3182bd"),
+    ("narrowmm", "f32", "#31a354"),
+    ("numpy-f32", "f32", "#525252"), ("numpy-upcast", "bf16", "#969696"),
+    ("numpy-upcast", "fp16", "#bdbdbd"),
+    ("ml_dtypes", "bf16", "#756bb1"),
+    ("torch-f32", "f32", "#d94801"), ("torch-bf16", "bf16", "#fd8d3c"),
+    ("torch-f16", "fp16", "#a50f15"),
+)
+
+
 def write_plot(path: str, limits: list[Limits], results: list[Result]) -> None:
-    """Time per shape and batch for every system, with the roofline limit marked."""
+    """Speed as a share of the machine's limit (higher is better), one panel per batch
+    size, shapes grouped, one colour per system; narrowmm's bar is its packed layout and a
+    black tick marks its row-major layout."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -602,37 +687,56 @@ def write_plot(path: str, limits: list[Limits], results: list[Result]) -> None:
     lim = next(li for li in limits if li.threads == t)
     shapes = sorted({(r.shape, r.k, r.n) for r in rs}, key=lambda v: (v[1] * v[2], v[1]))
     batches = sorted({r.m for r in rs})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4.2), squeeze=False)
-    series = sorted({(r.system, r.format, r.isa if r.system in NARROWMM_SYSTEMS else "")
-                     for r in rs})
-    for ax, (shape, k, n) in zip(axes[0], shapes, strict=True):
-        xs = np.arange(len(batches))
-        width = 0.8 / max(len(series), 1)
-        for si, (system, fmt, isa) in enumerate(series):
-            ys = []
-            for m in batches:
-                hit = [r.median_ms for r in rs if (r.system, r.format, r.shape, r.m) ==
-                       (system, fmt, shape, m) and (system not in NARROWMM_SYSTEMS
-                                                    or r.isa == isa)]
-                ys.append(min(hit) if hit else np.nan)
-            label = f"{system} {fmt}" + (f" ({isa})" if isa else "")
-            ax.bar(xs + si * width - 0.4 + width / 2, ys, width, label=label)
-        for xi, m in enumerate(batches):  # the limit: bytes / bandwidth or flops / peak
-            fp16_bytes = 2 * k * n
-            floor = (fp16_bytes / (lim.read_gbps * 1e9) if m == 1
-                     else 2 * m * k * n / (lim.fma_gflops * 1e9)) * 1e3
-            ax.hlines(floor, xi - 0.45, xi + 0.45, colors="black", linestyles="dashed")
-        ax.set_yscale("log")
-        ax.set_xticks(xs, [f"m={m}" for m in batches])
-        ax.set_title(f"{shape} ({k}x{n})")
-        ax.set_ylabel("median ms per call")
+
+    def pct(system: str, fmt: str, shape: str, m: int) -> float:
+        hit = [r.pct_of_limit for r in rs if (r.system, r.format, r.shape, r.m) ==
+               (system, fmt, shape, m)]
+        return max(hit) if hit else float("nan")
+
+    series = [(s, f, colour) for s, f, colour in PLOT_SERIES
+              if any((r.system, r.format) == (s, f) or
+                     (s == "narrowmm" and r.system == "narrowmm-packed" and r.format == f)
+                     for r in rs)]
+    # inches: the title, the legend (series and the row-major tick), then the panels
+    columns = min(6, len(series) + 1)
+    title_in, legend_in = 0.4, 0.3 * -(-(len(series) + 1) // columns) + 0.15
+    panels_in = 1.0 + 0.3 * len(shapes) * len(series)
+    fig_h = title_in + legend_in + panels_in
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches) + 1.5, fig_h),
+                             squeeze=False, sharey=True)
+    height = 0.8 / max(len(series), 1)
+    for ax, m in zip(axes[0], batches, strict=True):
+        ys = np.arange(len(shapes))[::-1].astype(float)
+        for si, (system, fmt, colour) in enumerate(series):
+            offset = 0.4 - (si + 0.5) * height
+            names = [sh for sh, _, _ in shapes]
+            if system == "narrowmm":
+                packed = [pct("narrowmm-packed", fmt, sh, m) for sh in names]
+                rows = [pct("narrowmm", fmt, sh, m) for sh in names]
+                bars = [p if not math.isnan(p) else r for p, r in zip(packed, rows, strict=True)]
+                ax.barh(ys + offset, bars, height, color=colour, label=f"narrowmm {fmt}")
+                ax.plot(rows, ys + offset, "|", color="black", markersize=7, mew=1.5)
+            else:
+                label = f"{system} {fmt}" if system == "numpy-upcast" else system
+                ax.barh(ys + offset, [pct(system, fmt, sh, m) for sh in names], height,
+                        color=colour, label=label)
+        ax.axvline(100, color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(ys, [sh if sh == f"{k}x{n}" else f"{sh}\n{k}x{n}" for sh, k, n in shapes])
+        limit = (f"read {lim.read_gbps:.0f} GB/s" if m == 1
+                 else f"FMA {lim.fma_gflops:.0f} GFLOP/s")
+        ax.set_title(f"m = {m}: % of {limit}", fontsize=11)
+        ax.set_xlabel("% of the limit (higher is better)")
+        ax.grid(axis="x", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
-    fig.suptitle(f"narrowmm bench, {cache} cache, {t} thread(s)\ndashed: the limit (fp16 "
-                 f"weights at {lim.read_gbps:.0f} GB/s for m=1, {lim.fma_gflops:.0f} GFLOP/s "
-                 "above)", fontsize=9)
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
-    fig.savefig(path, dpi=110)
+    handles.append(matplotlib.lines.Line2D([], [], color="black", marker="|", linestyle="",
+                                           markersize=9, mew=1.5))
+    labels.append("narrowmm row-major (bars: packed)")
+    fig.suptitle(f"narrowmm bench, {cache} cache, {t} thread(s): dashed line = the measured "
+                 "limit", fontsize=12, y=1 - 0.1 / fig_h, va="top")
+    fig.legend(handles, labels, loc="upper center", ncol=columns, fontsize=9, frameon=False,
+               bbox_to_anchor=(0.5, 1 - title_in / fig_h))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (title_in + legend_in) / fig_h))
+    fig.savefig(path, dpi=100)
 
 
 # ---- the command ----------------------------------------------------------------------
@@ -662,9 +766,34 @@ def build_config(args: Any) -> Config:
                   peers=not args.no_peers, layouts=args.layout or ["rows", "packed"])
 
 
+def _installed(name: str) -> bool:
+    """Whether ``import name`` can work, without importing it (a None in sys.modules, as
+    tests use to block a module, counts as missing)."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    return importlib.util.find_spec(name) is not None
+
+
+def check_outputs(args: Any) -> None:
+    """Fail in the first second, before any timing, on what would fail after it: --plot
+    without matplotlib, or a --json / --plot path whose folder does not exist."""
+    if args.plot and not _installed("matplotlib"):
+        raise SystemExit('narrowmm bench: --plot needs matplotlib, which is not installed; '
+                         'install it with: pip install "narrowmm[plot]"')
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                raise SystemExit(f"narrowmm bench: {flag} {path}: folder {folder} does not "
+                                 "exist")
+
+
 def main(args: Any) -> int:
     from ._runtime import runtime_info
 
+    check_outputs(args)
     if core() is None:
         raise SystemExit("narrowmm bench needs the native core, which did not load")
     cfg = build_config(args)
@@ -693,9 +822,9 @@ def main(args: Any) -> int:
     for s in cfg.skipped:
         where = " ".join(f"{k}={v}" for k, v in s.items() if k not in ("system", "reason"))
         print(f"skipped: {s['system']} {where}: {s['reason']}")
-    print(f"({len(results)} measurements in {elapsed:.0f} s; ratios are NumPy float32 time "
-          "over narrowmm time, higher is better; % read now: at m = 1, against the read probe "
-          "timed between the same calls)")
+    print(f"({len(results)} measurements in {elapsed:.0f} s)")
+    print()
+    print(format_summary(results))
     if args.json:
         doc = {"schema": SCHEMA, "machine": {**info, "l3_bytes": l3_bytes(),
                                              "platform": platform.platform(),

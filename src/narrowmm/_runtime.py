@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _environ
 from ._formats import operations
 from ._threads import get_num_threads
 from .providers import forced_provider, get_provider, providers, resolve
@@ -35,7 +36,12 @@ def runtime_info() -> dict[str, Any]:
     native = get_provider("native")
     kernels = []
     for op, fmt in operations():
-        provider, kernel = resolve(op, fmt)
+        try:
+            provider, kernel = resolve(op, fmt)
+        except (RuntimeError, ValueError) as exc:  # a bad NARROWMM_* value, say: show it
+            kernels.append({"op": op, "format": fmt.name, "provider": None,
+                            "kernel": None, "error": str(exc)})
+            continue
         name = kernel.name
         if provider is native:  # names of the row in use now, not when first resolved
             packed = native.kernel_names("matmul_packed", fmt) if op == "matmul" else []
@@ -50,7 +56,8 @@ def runtime_info() -> dict[str, Any]:
         "cpu": cpu_model(),
         "cpu_features": list(c.cpu_features()) if c else [],
         "isa": c.isa() if c else None,
-        "isa_forced": os.environ.get("NARROWMM_ISA") or None,
+        "isa_forced": (None if "NARROWMM_ISA" in _environ.problems()
+                       else os.environ.get("NARROWMM_ISA") or None),
         "isa_rows": [{"name": n, "supported": s, "missing": list(miss)}
                      for n, s, miss in (c.isa_rows() if c else [])],
         "threads": get_num_threads(),
@@ -59,6 +66,7 @@ def runtime_info() -> dict[str, Any]:
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
                        "reason": p.unavailable_reason()} for p in providers()],
         "kernels": kernels,
+        "environment_problems": _environ.problems(),
     }
 
 
@@ -85,6 +93,13 @@ def show_runtime(as_json: bool = False) -> None:
         print(f"provider:  {p['name']:<9} priority {p['priority']:>3}  {state}")
     if info["provider_forced"]:
         print(f"forced:    NARROWMM_PROVIDER={info['provider_forced']}")
+    for message in info["environment_problems"].values():
+        print(f"PROBLEM:   {message}")
     print("kernels:")
     for k in info["kernels"]:
-        print(f"  {k['op']:<6} {k['format']:<4} {k['provider']:<9} {k['kernel']}")
+        if k["provider"] is None:
+            known = k["error"] in info["environment_problems"].values()
+            print(f"  {k['op']:<6} {k['format']:<4} unusable: "
+                  f"{'see PROBLEM above' if known else k['error']}")
+        else:
+            print(f"  {k['op']:<6} {k['format']:<4} {k['provider']:<9} {k['kernel']}")

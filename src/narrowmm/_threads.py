@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+from . import _environ
 from .providers.native import core
 
 _MAX_THREADS = 256
@@ -107,8 +108,16 @@ def _register_threadpoolctl() -> None:
 
 
 def init() -> None:
-    """Called once at import: apply the default count, register with threadpoolctl."""
+    """Called once at import: apply the default count, register with threadpoolctl.
+
+    A bad ``NARROWMM_NUM_THREADS`` does not fail the import: the CPUs available are used,
+    and the problem is recorded for ``narrowmm info`` and the first native call to raise."""
     if core() is None:
         return
-    set_num_threads(default_num_threads())
+    try:
+        count = default_num_threads()
+    except ValueError as exc:
+        _environ.record("NARROWMM_NUM_THREADS", f"{exc}; unset it to use every CPU available")
+        count = min(available_cpus(), _MAX_THREADS)
+    set_num_threads(count)
     _register_threadpoolctl()

@@ -132,13 +132,11 @@ class Weights:
 
         Raises:
             RuntimeError: the native core is not loaded (there is no row to pack for).
+            EnvironmentVariableError: ``NARROWMM_ISA`` names a row that cannot be used.
         """
-        from .providers.native import core
+        from .providers.native import checked_core
 
-        c = core()
-        if c is None:
-            raise RuntimeError("Weights.pack needs the native core, which did not load "
-                               "(see narrowmm.show_runtime())")
+        c = checked_core()
         return PackedWeights(pack_slivers(self.bits, int(c.pack_width())), self.shape[1],
                              self.format, c.isa())
 

@@ -42,7 +42,10 @@ _layouts = _choices("weight layouts", ("rows", "packed"))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="narrowmm", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"narrowmm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="what narrowmm chose on this machine")
     info.add_argument("--json", action="store_true", help="print JSON")

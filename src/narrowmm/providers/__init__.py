@@ -18,6 +18,8 @@ import threading
 import warnings
 from collections.abc import Iterator
 
+from .. import _environ
+from .._environ import EnvironmentVariableError
 from .._formats import Format
 from ._base import Kernel, Provider
 from .native import NativeProvider
@@ -110,7 +112,8 @@ def resolve(op: str, fmt: Format) -> tuple[Provider, Kernel]:
     if hit is not None:
         return hit
     if forced is not None:
-        provider = get_provider(forced)
+        provider = _forced_by_environment(forced) if _forced.get() is None else None
+        provider = provider or get_provider(forced)
         _check_available(provider)
         kernel = provider.lookup(op, fmt)
         if kernel is None:
@@ -121,6 +124,22 @@ def resolve(op: str, fmt: Format) -> tuple[Provider, Kernel]:
     with _lock:
         _cache[key] = result
     return result
+
+
+def _forced_by_environment(name: str) -> Provider:
+    """The provider ``NARROWMM_PROVIDER`` names, or an error that names the variable."""
+    try:
+        provider = get_provider(name)
+    except ValueError:
+        known = ", ".join(p.name for p in _providers)
+        raise EnvironmentVariableError(
+            f"NARROWMM_PROVIDER={name!r} is not a provider (valid values: {known}); unset it "
+            f"to let narrowmm choose") from None
+    if not provider.available():
+        raise EnvironmentVariableError(
+            f"NARROWMM_PROVIDER={name!r} forces a provider that is unavailable here: "
+            f"{provider.unavailable_reason()}")
+    return provider
 
 
 def _cascade(op: str, fmt: Format) -> tuple[Provider, Kernel]:
@@ -152,7 +171,19 @@ def clear_cache() -> None:
         _cache.clear()
         _warned.clear()
         _env_forced = os.environ.get("NARROWMM_PROVIDER") or None
+    _record_environment()
+
+
+def _record_environment() -> None:
+    """Note a bad ``NARROWMM_PROVIDER`` for ``narrowmm info`` (calls raise it themselves)."""
+    _environ.forget("NARROWMM_PROVIDER")
+    if _env_forced is not None:
+        try:
+            _forced_by_environment(_env_forced)
+        except EnvironmentVariableError as exc:
+            _environ.record("NARROWMM_PROVIDER", str(exc))
 
 
 for _p in (NativeProvider(), NumpyProvider(), ReferenceProvider()):
     register(_p)
+_record_environment()

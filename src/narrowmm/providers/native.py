@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 
+from .. import _environ
 from .._formats import Format
 from ._base import Kernel, Provider
 
@@ -22,6 +24,43 @@ else:
 
 def core():
     """The loaded ``_core`` module, or None."""
+    return _core
+
+
+def apply_isa_environment() -> None:
+    """Switch to the row ``NARROWMM_ISA`` names, if set. A name this build lacks or this CPU
+    cannot run is recorded (see :mod:`narrowmm._environ`), never raised: the import works and
+    the native core's first use raises it."""
+    _environ.forget("NARROWMM_ISA")
+    name = os.environ.get("NARROWMM_ISA", "").strip()
+    if _core is None or not name:
+        return
+    rows = _core.isa_rows()
+    built = ", ".join(r for r, _, _ in rows)
+    runnable = ", ".join(r for r, ok, _ in rows if ok)
+    by_name = {r: missing for r, ok, missing in rows}
+    if name not in by_name:
+        problem = f"is not an ISA row of this build (valid values: {built})"
+    elif by_name[name]:
+        problem = (f"names a row this CPU cannot run (it lacks {' '.join(by_name[name])}); "
+                   f"this CPU runs: {runnable}")
+    else:
+        _core.set_isa(name)
+        return
+    _environ.record("NARROWMM_ISA", f"NARROWMM_ISA={name!r} {problem}; unset it to let "
+                                    f"narrowmm choose the best row")
+
+
+def checked_core():
+    """The loaded ``_core`` module, after checking the environment that configures it.
+
+    Raises:
+        RuntimeError: the extension did not load.
+        EnvironmentVariableError: ``NARROWMM_ISA`` or ``NARROWMM_NUM_THREADS`` is invalid.
+    """
+    if _core is None:
+        raise RuntimeError(f"the native core is unavailable: {_IMPORT_ERROR}")
+    _environ.check("NARROWMM_ISA", "NARROWMM_NUM_THREADS")
     return _core
 
 
@@ -71,6 +110,7 @@ class NativeProvider(Provider):
         return list(_core.kernel_names(op, fmt.code)) if _core is not None else []
 
     def lookup(self, op: str, fmt: Format) -> Kernel | None:
+        checked_core()
         names = self.kernel_names(op, fmt)
         if not names:
             return None
@@ -86,8 +126,7 @@ def supported_isas() -> list[str]:
 def use_isa(name: str) -> Iterator[None]:
     """Run the native core on ISA row ``name`` inside the block (process-wide: a test and
     benchmark hook, not for use while other threads compute)."""
-    if _core is None:
-        raise RuntimeError(f"the native core is unavailable: {_IMPORT_ERROR}")
+    checked_core()
     previous = _core.isa()
     _core.set_isa(name)
     try:
@@ -108,3 +147,6 @@ def describe_kernels(op: str, names: list[str], packed: list[str] | None = None)
         return (f"{gemv} (m=1); {gemv2} (m=2); {tiles[0]} + {tiles[1]}, {tiles[2]} for edges "
                 f"(m>2)")
     return " + ".join(names)
+
+
+apply_isa_environment()

@@ -1,0 +1,80 @@
+"""A bad NARROWMM_* variable never breaks `import narrowmm` or `narrowmm info`: info shows
+the problem, and the first call that needs what the variable configures raises an error
+naming the variable and its valid values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from narrowmm.providers.native import core
+
+CALL = ("import numpy as np, narrowmm as nm;"
+        "nm.matmul(np.ones((2, 3), np.float32), nm.Weights.from_bits("
+        "np.ones((3, 4), np.float32), 'f32'))")
+
+
+def run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          env={"PATH": "", **env}, timeout=120)
+
+
+def unsupported_row() -> str | None:
+    return next((name for name, ok, _ in core().isa_rows() if not ok), None)
+
+
+BAD_ISA = ["sse9", *([unsupported_row()] if unsupported_row() else [])]
+
+
+@pytest.mark.parametrize("value", BAD_ISA)
+def test_bad_isa_leaves_import_and_info_working(value):
+    out = run(["-c", "import narrowmm"], NARROWMM_ISA=value)
+    assert out.returncode == 0, out.stderr
+    info = run(["-m", "narrowmm", "info"], NARROWMM_ISA=value)
+    assert info.returncode == 0, info.stderr
+    assert f"PROBLEM:   NARROWMM_ISA='{value}'" in info.stdout
+    assert "scalar" in info.stdout  # the valid values are listed
+    js = run(["-m", "narrowmm", "info", "--json"], NARROWMM_ISA=value)
+    assert js.returncode == 0 and "NARROWMM_ISA" in js.stdout
+
+
+@pytest.mark.parametrize("value", BAD_ISA)
+def test_bad_isa_fails_the_first_native_call_naming_it(value):
+    out = run(["-c", CALL], NARROWMM_ISA=value)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("narrowmm._environ.EnvironmentVariableError: NARROWMM_ISA="), last
+    assert "scalar" in last  # names what would work
+    pack = run(["-c", "import numpy as np, narrowmm as nm;"
+                      "nm.Weights.encode(np.ones((4, 4), np.float32), 'bf16').pack()"],
+               NARROWMM_ISA=value)
+    assert pack.returncode != 0 and "NARROWMM_ISA" in pack.stderr.splitlines()[-1]
+
+
+def test_bad_isa_does_not_stop_the_other_providers():
+    out = run(["-c", CALL], NARROWMM_ISA="sse9", NARROWMM_PROVIDER="numpy")
+    assert out.returncode == 0, out.stderr
+
+
+def test_bad_provider_is_named_at_the_first_call_and_in_info():
+    assert run(["-c", "import narrowmm"], NARROWMM_PROVIDER="bogus").returncode == 0
+    out = run(["-c", CALL], NARROWMM_PROVIDER="bogus")
+    last = out.stderr.strip().splitlines()[-1]
+    assert "NARROWMM_PROVIDER='bogus' is not a provider" in last
+    assert "native, numpy, reference" in last
+    info = run(["-m", "narrowmm", "info"], NARROWMM_PROVIDER="bogus")
+    assert info.returncode == 0 and "PROBLEM:   NARROWMM_PROVIDER='bogus'" in info.stdout
+
+
+def test_bad_thread_count_is_shown_by_info():
+    info = run(["-m", "narrowmm", "info"], NARROWMM_NUM_THREADS="0")
+    assert info.returncode == 0, info.stderr
+    assert "PROBLEM:   NARROWMM_NUM_THREADS must be between 1 and 256, got 0" in info.stdout
+
+
+def test_good_isa_is_applied_and_reported():
+    info = run(["-m", "narrowmm", "info"], NARROWMM_ISA="scalar")
+    assert "isa:       scalar  (forced by NARROWMM_ISA=scalar)" in info.stdout
+    assert "PROBLEM" not in info.stdout
