@@ -55,3 +55,14 @@ def isa(request):
 def _native_loaded() -> None:
     # The suite tests the native core; a silently missing extension must fail, not skip.
     assert core() is not None, "narrowmm._core did not load"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _split_every_call():
+    """Every call big enough to split is split across the threads, whether or not the
+    pool's workers are asleep, so the tests reach the multi-threaded paths of small shapes
+    too (by default a small call leaves sleeping workers asleep: tests/test_threads.py)."""
+    before = core().get_wake_min_work()
+    core().set_wake_min_work(0)
+    yield
+    core().set_wake_min_work(before)

@@ -78,14 +78,19 @@ def test_linear_from_safetensors_finds_the_bias(tmp_path, rng):
 
 def test_linear_bad_input(rng):
     w = np.ones((4, 6), np.float16)
-    with pytest.raises(ValueError, match=r"bias must have shape \(4,\), got \(5,\)"):
+    with pytest.raises(ValueError,
+                       match=r"bias must have shape \(out_features,\) = \(4,\), got \(5,\)"):
         nm.Linear(w, np.ones(5, np.float32))
     with pytest.raises(TypeError, match="dtype float64 cannot be wrapped"):
         nm.Linear(np.ones((4, 6)))
     layer = nm.Linear(w, np.ones(4, np.float32))
     out = np.full((2, 5), 7.0, np.float32)
-    with pytest.raises(ValueError, match=r"out must have shape \(2, 4\)"):
+    with pytest.raises(ValueError,
+                       match=r"out must have shape \(\.\.\., out_features\) = \(2, 4\)"):
         layer(np.ones((2, 6), np.float32), out=out)
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., in_features\) = "
+                                         r"\(\.\.\., 6\), got \(2, 4\)"):
+        layer(np.ones((2, 4), np.float32))
     assert np.all(out == 7.0)  # untouched: the bias is written only after validation
 
 

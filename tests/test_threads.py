@@ -161,3 +161,35 @@ def test_default_is_the_cpus_we_may_use():
 
     out = _run("import narrowmm as nm; print(nm.get_num_threads())")
     assert int(out.stdout) == available_cpus() >= 1
+
+
+def test_a_small_call_leaves_sleeping_workers_asleep():
+    """By default a call too small to pay for waking sleeping workers runs on the caller
+    alone; a big one is split. (The suite sets the threshold to 0 elsewhere.)"""
+    import time
+
+    from narrowmm.providers.native import core
+
+    c = core()
+    before = c.get_wake_min_work()
+    c.set_wake_min_work(1 << 24)
+    nm.set_num_threads(2)
+    try:
+        rng = np.random.default_rng(0)
+        small = nm.Weights.encode(rng.standard_normal((384, 384)).astype(np.float32), "bf16")
+        big = nm.Weights.encode(rng.standard_normal((1024, 1024)).astype(np.float32), "bf16")
+        x_small = np.ones((12, 384), np.float32)  # 1.8 M multiply-adds, >= 2^18: splittable
+        x_big = np.ones((32, 1024), np.float32)  # 33.5 M: pays for waking
+        nm.matmul(x_big, big)
+        time.sleep(0.05)  # well past the workers' 50 us spin: they sleep
+        jobs = c.parallel_jobs()
+        nm.matmul(x_small, small)
+        assert c.parallel_jobs() == jobs
+        nm.matmul(x_big, big)
+        assert c.parallel_jobs() == jobs + 1
+        c.set_wake_min_work(0)
+        time.sleep(0.05)
+        nm.matmul(x_small, small)
+        assert c.parallel_jobs() == jobs + 2
+    finally:
+        c.set_wake_min_work(before)

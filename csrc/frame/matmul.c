@@ -231,13 +231,37 @@ static void matmul_part(void *ctx, int part, int parts) {
     }
 }
 
+/* Jobs below this cost (in tile multiply-adds) do not wake sleeping workers: in a model,
+ * framework code between layers outlasts the workers' spin, and waking a sleeping worker
+ * cost 100-200 us in the VM narrowmm was tuned on (a 384 x 384 bf16 layer at m = 12 took
+ * 56 us on one thread, 100 us on two with the worker asleep, 46 us with it spinning). */
+#define NM_WAKE_MIN_WORK ((int64_t)1 << 24)
+/* A weight streamed by a gemv (m <= 2, bandwidth-bound) costs about this many tile
+ * multiply-adds of time. */
+#define NM_GEMV_WEIGHT_COST 4
+
+static _Atomic int64_t wake_min_work = NM_WAKE_MIN_WORK;
+
+void nm_set_wake_min_work(int64_t work) { atomic_store(&wake_min_work, work < 0 ? 0 : work); }
+
+int64_t nm_get_wake_min_work(void) { return atomic_load(&wake_min_work); }
+
+/* Split a job across threads only if the workers are awake or the job pays for waking them.
+ * Where a part runs never changes a bit. */
+static int worth_waking(int64_t m, int64_t n, int64_t k) {
+    const double cost = m <= 2 ? (double)NM_GEMV_WEIGHT_COST * (double)n * (double)k
+                               : (double)m * (double)n * (double)k;
+    return cost >= (double)atomic_load(&wake_min_work) || nm_pool_awake();
+}
+
 static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
                       const float *a, int64_t lda, const uint8_t *b, int64_t ldb, int packed,
                       float *c, int64_t ldc, int accumulate) {
     if (fmt < 0 || fmt >= NM_FMT_COUNT || m < 0 || n < 0 || k < 0) return NM_EINVAL;
     if (m == 0 || n == 0) return NM_OK;
     matmul_job job = {row, fmt, m, n, k, a, lda, b, ldb, c, ldc, accumulate, packed, 1, 1, 0};
-    if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK) {
+    if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK &&
+        worth_waking(m, n, k)) {
         /* Columns first: each weight is then decoded by one thread only. When there are
          * fewer column grains than threads (narrow outputs), the rest split the rows, each
          * row part decoding its columns' weights again: fine for the narrow n that asks

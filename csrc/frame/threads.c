@@ -6,7 +6,9 @@
  * a 512 x 512 fp16 gemv took 19 us on one thread and 35-39 us on two). So both sides spin
  * briefly before they sleep: a worker watches for the next job for NM_SPIN_NS after its
  * last one (calls come in runs during inference), and the caller watches for its helpers
- * to finish. Spinning threads only read one atomic and pause. */
+ * to finish. Spinning threads only read one atomic and pause. Whether workers are in their
+ * spin window (nm_pool_awake) lets the frame leave small jobs to the caller alone rather
+ * than wake sleeping workers for them. */
 #define _POSIX_C_SOURCE 199309L
 #include "threads.h"
 
@@ -22,6 +24,8 @@ void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
 }
 void nm_set_num_threads(int n) { (void)n; }
 int nm_get_num_threads(void) { return atomic_load(&num_threads); }
+int nm_pool_awake(void) { return 0; }
+long nm_parallel_jobs(void) { return 0; }
 #else
 #include <pthread.h>
 #include <stdint.h>
@@ -55,11 +59,13 @@ typedef struct pool_state {
     void *ctx;
     int parts, next;
     atomic_int remaining;
+    atomic_int spinning;     /* workers in their spin window: a job now wakes no one */
+    atomic_long parallel_jobs; /* jobs run in more than one part, for tests and info */
 } pool_state;
 
 static pool_state pool = {
     PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-    PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0,
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0,
 };
 static atomic_int num_threads = 1;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -91,8 +97,10 @@ static void *worker_main(void *arg) {
     for (;;) {
         if (atomic_load(&pool.generation) == seen) {
             pthread_mutex_unlock(&pool.lock);
+            atomic_fetch_add(&pool.spinning, 1);
             const int64_t until = now_ns() + NM_SPIN_NS;
             while (atomic_load(&pool.generation) == seen && keep_spinning(until)) continue;
+            atomic_fetch_sub(&pool.spinning, 1);
             pthread_mutex_lock(&pool.lock);
         }
         while (atomic_load(&pool.generation) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
@@ -106,7 +114,7 @@ static void reset_in_child(void) {
     /* The parent's workers do not exist here; locks may have been held by them. */
     pool_state fresh = {
         PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-        PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0,
+        PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0,
     };
     memcpy(&pool, &fresh, sizeof pool);
 }
@@ -135,6 +143,7 @@ void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
     }
     pthread_once(&atfork_once, install_atfork);
     pthread_mutex_lock(&pool.lock);
+    atomic_fetch_add(&pool.parallel_jobs, 1);
     ensure_workers(parts - 1);
     pool.fn = fn;
     pool.ctx = ctx;
@@ -164,4 +173,8 @@ void nm_set_num_threads(int n) {
 }
 
 int nm_get_num_threads(void) { return atomic_load(&num_threads); }
+
+int nm_pool_awake(void) { return atomic_load(&pool.spinning) > 0; }
+
+long nm_parallel_jobs(void) { return atomic_load(&pool.parallel_jobs); }
 #endif

@@ -14,6 +14,12 @@ void nm_parallel_run(nm_task_fn fn, void *ctx, int parts);
 void nm_set_num_threads(int n);
 int nm_get_num_threads(void);
 
+/* Whether a worker is spinning after its last job (waking it costs nothing now). */
+int nm_pool_awake(void);
+
+/* Jobs run in more than one part since the process started (a diagnostic). */
+long nm_parallel_jobs(void);
+
 #define NM_MAX_THREADS 256
 
 #endif

@@ -26,6 +26,12 @@ int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, in
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                      int accumulate);
 
+/* Below this cost (multiply-adds; a gemv's weight counts 4) a call does not wake sleeping
+ * pool workers and runs on the caller alone, unless workers are still spinning from the
+ * previous call (frame/matmul.c). 0 splits every call big enough to split (tests). */
+void nm_set_wake_min_work(int64_t work);
+int64_t nm_get_wake_min_work(void);
+
 /* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
  * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
  * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */

@@ -515,6 +515,31 @@ static PyObject *py_probe_read(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* set_wake_min_work(n): the cost below which a call leaves sleeping workers asleep */
+static PyObject *py_set_wake_min_work(PyObject *self, PyObject *arg) {
+    (void)self;
+    const long long work = PyLong_AsLongLong(arg);
+    if (work == -1 && PyErr_Occurred()) return NULL;
+    if (work < 0) {
+        PyErr_SetString(PyExc_ValueError, "wake_min_work must be >= 0");
+        return NULL;
+    }
+    nm_set_wake_min_work((int64_t)work);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_wake_min_work(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)nm_get_wake_min_work());
+}
+
+static PyObject *py_parallel_jobs(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(nm_parallel_jobs());
+}
+
 static PyObject *py_formats(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -552,6 +577,10 @@ static PyMethodDef methods[] = {
     {"probe_fma", py_probe_fma, METH_VARARGS, "probe_fma(threads, iters) -> (flops, s)."},
     {"probe_read", py_probe_read, METH_VARARGS, "probe_read(threads, f32 buffer) -> s."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "Threads a call may use."},
+    {"set_wake_min_work", py_set_wake_min_work, METH_O,
+     "Cost (multiply-adds) below which a call does not wake sleeping workers."},
+    {"get_wake_min_work", py_get_wake_min_work, METH_NOARGS, "See set_wake_min_work."},
+    {"parallel_jobs", py_parallel_jobs, METH_NOARGS, "Jobs split across threads so far."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -231,6 +231,7 @@ static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
 }
 
 int main(void) {
+    nm_set_wake_min_work(0); /* split every call that can be split: race the pool always */
     nm_kernel_row ref;
     nm_fill_row_scalar(&ref);
     const unsigned features = nm_cpu_features();

@@ -20,7 +20,7 @@ from ._runtime import runtime_info, show_runtime
 from ._safetensors import SafetensorsError, SafetensorsFile, load_safetensors
 from ._threads import get_num_threads, set_num_threads
 from ._threads import init as _init_threads
-from ._weights import PackedWeights, Weights
+from ._weights import PackedWeights, TorchWeights, Weights
 from .providers import FallbackWarning, Provider, use_provider
 from .providers import providers as list_providers
 
@@ -41,6 +41,7 @@ __all__ = [
     "Provider",
     "SafetensorsError",
     "SafetensorsFile",
+    "TorchWeights",
     "Weights",
     "__version__",
     "decode",

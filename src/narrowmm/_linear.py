@@ -8,46 +8,55 @@ import numpy as np
 
 from ._api import matmul
 from ._interop import as_array
-from ._safetensors import load_safetensors
-from ._weights import PackedWeights, Weights
+from ._safetensors import SafetensorsFile, load_safetensors
+from ._weights import PackedWeights, TorchWeights, Weights
 
 
 class Linear:
-    """``y = x @ weight.T + bias`` with ``weight`` of shape ``(out_features, in_features)``.
+    """``y = x @ W.T + bias`` with ``W`` of shape ``(out_features, in_features)``.
 
-    ``weight`` may be a NumPy float16 / float32 array, an ml_dtypes bfloat16 array, a
-    PyTorch tensor (or any DLPack producer) in that layout, or :class:`Weights` (or
-    :class:`PackedWeights`) already in narrowmm's ``(in_features, out_features)`` layout.
-    The weights stay in their narrow format: an ``(out, in)`` array is transposed once, at
-    construction, into a narrow copy of the same size; no float32 copy is ever made.
-    :meth:`pack` packs them for the CPU (same outputs, faster at batch 1).
+    The layout of ``weight`` is read from its type, never guessed from its shape:
+
+    - :class:`TorchWeights` (what a checkpoint gives, ``load_safetensors(p)[name]``), a NumPy
+      float16 / float32 array, an ml_dtypes bfloat16 array, or a PyTorch tensor (any DLPack
+      producer): PyTorch's ``(out_features, in_features)``;
+    - :class:`Weights` or :class:`PackedWeights`: narrowmm's ``(in_features,
+      out_features)``, taken as they are.
+
+    The weights stay in their narrow format: an ``(out, in)`` matrix is transposed (or, with
+    ``pack=True``, packed) once, at construction, into a narrow copy of the same size; no
+    float32 copy is ever made.
 
     Each output starts its fma chain from the bias: ``y[i, j]`` is
     ``fma(x[i, p], w[p, j], c)`` over p ascending from ``c = bias[j]`` (or +0.0), so a layer
     with a bias is one fused chain, as exact as the rest of the library.
 
     Args:
-        weight: the weight matrix, ``(out_features, in_features)``, or ``Weights`` /
-            ``PackedWeights``.
+        weight: the weight matrix (see above for the layouts).
         bias: optional ``(out_features,)`` vector, float32 (or float16 / bfloat16, converted
             exactly).
+        pack: store the weights in the CPU's packed layout (:meth:`Weights.pack`): the same
+            outputs, faster at small batches.
     """
 
     __slots__ = ("bias", "weights")
 
-    def __init__(self, weight: object, bias: object = None) -> None:
+    def __init__(self, weight: object, bias: object = None, *, pack: bool = False) -> None:
         if isinstance(weight, Weights | PackedWeights):
-            self.weights = weight
+            self.weights: Weights | PackedWeights = weight
         else:
-            w = Weights(as_array(weight, "weight"))  # validates dtype and rank, no copy
-            transposed = np.ascontiguousarray(w.bits.T)  # (in, out): narrowmm's layout
-            self.weights = Weights.from_bits(transposed, w.format)
+            tw = weight if isinstance(weight, TorchWeights) else TorchWeights.wrap(
+                _check_rank(as_array(weight, "weight")))
+            self.weights = tw.pack() if pack else tw.transpose()
+        if pack and isinstance(self.weights, Weights):
+            self.weights = self.weights.pack()
         self.bias = None if bias is None else self._bias(bias)
 
     def _bias(self, bias: object) -> np.ndarray:
         b = as_array(bias, "bias")
         if b.ndim != 1 or b.shape[0] != self.out_features:
-            raise ValueError(f"bias must have shape ({self.out_features},), got {b.shape}")
+            raise ValueError(f"bias must have shape (out_features,) = ({self.out_features},), "
+                             f"got {b.shape}")
         if b.dtype == np.float32:
             return np.array(b, dtype=np.float32)
         fmt = Weights(b[None, :])  # float16 / bfloat16: decode exactly
@@ -62,30 +71,54 @@ class Linear:
         return self.weights.shape[1]
 
     def __call__(self, x: object, out: np.ndarray | None = None) -> np.ndarray:
-        """Apply the layer to float32 ``x`` of shape ``(m, in_features)`` or
-        ``(in_features,)``; returns float32 ``(m, out_features)`` (or ``(out_features,)``),
-        written into ``out`` if given."""
-        return matmul(x, self.weights, out=out, bias=self.bias)
+        """Apply the layer to float32 ``x`` of shape ``(..., in_features)``; returns float32
+        ``(..., out_features)``, written into ``out`` if given."""
+        xa = x if isinstance(x, np.ndarray) else as_array(x, "x")
+        if xa.ndim == 0 or xa.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape (..., in_features) = (..., "
+                             f"{self.in_features}), got {xa.shape}")
+        lead = xa.shape[:-1]
+        if out is not None and (not isinstance(out, np.ndarray) or
+                                out.shape != (*lead, self.out_features)):
+            raise ValueError(f"out must have shape (..., out_features) = "
+                             f"{(*lead, self.out_features)}, got "
+                             f"{getattr(out, 'shape', type(out).__name__)}")
+        if xa.ndim <= 2:
+            return matmul(xa, self.weights, out=out, bias=self.bias)
+        x2 = xa.reshape(-1, self.in_features)  # a copy only for a non-contiguous x
+        if out is None:
+            y = matmul(x2, self.weights, bias=self.bias)
+            return y.reshape(*lead, self.out_features)
+        out2 = out.view()
+        try:
+            out2.shape = (-1, self.out_features)  # refuses instead of copying
+        except AttributeError:
+            y = matmul(x2, self.weights, bias=self.bias)
+            out[...] = y.reshape(out.shape)
+            return out
+        matmul(x2, self.weights, out=out2, bias=self.bias)
+        return out
 
     @classmethod
-    def from_safetensors(cls, path: str | os.PathLike[str], name: str,
-                         bias: str | None = None) -> Linear:
+    def from_safetensors(cls, path: str | os.PathLike[str] | SafetensorsFile, name: str,
+                         bias: str | None = None, *, pack: bool = False) -> Linear:
         """The layer stored under ``name`` (a ``(out, in)`` weight) in a safetensors file.
 
-        ``bias`` names the bias tensor; by default ``name`` with ``.weight`` replaced by
-        ``.bias`` is used when the file has it.
+        ``path`` may be an open :class:`SafetensorsFile` (to load many layers from one
+        file). ``bias`` names the bias tensor; by default ``name`` with ``.weight`` replaced
+        by ``.bias`` is used when the file has it. The layer's own (transposed or packed)
+        copy replaces the mapped view: the view's pages are released, so loading every
+        layer of a checkpoint holds about one copy of its weights.
         """
-        f = load_safetensors(path)
+        f = path if isinstance(path, SafetensorsFile) else load_safetensors(path)
         if bias is None and name.endswith(".weight"):
             guess = name[: -len("weight")] + "bias"
             bias = guess if guess in f.info else None
-        weight = f[name]  # zero-copy view of the file, (out, in)
         b = None if bias is None else f.array(bias)
         if b is not None and f.info[bias].dtype == "BF16":
             b = Weights.from_bits(b[None, :], "bf16").decode()[0]
-        layer = cls.__new__(cls)
-        layer.weights = Weights.from_bits(np.ascontiguousarray(weight.bits.T), weight.format)
-        layer.bias = None if b is None else layer._bias(b)
+        layer = cls(f[name], b, pack=pack)
+        f.release(name)
         return layer
 
     def pack(self) -> Linear:
@@ -96,5 +129,13 @@ class Linear:
         return self
 
     def __repr__(self) -> str:
+        packed = isinstance(self.weights, PackedWeights)
         return (f"Linear(in_features={self.in_features}, out_features={self.out_features}, "
-                f"format={self.weights.format.name!r}, bias={self.bias is not None})")
+                f"format={self.weights.format.name!r}, bias={self.bias is not None}"
+                f"{', packed=True' if packed else ''})")
+
+
+def _check_rank(a: np.ndarray) -> np.ndarray:
+    if a.ndim != 2:
+        raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {a.shape}")
+    return a

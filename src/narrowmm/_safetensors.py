@@ -11,6 +11,7 @@ holes, and each byte range is exactly shape x item size. Nothing is read out of 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import mmap
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._weights import Weights
+from ._weights import TorchWeights
 
 MAX_HEADER_BYTES = 100_000_000  # the format's own limit
 
@@ -154,15 +155,17 @@ def _parse_entry(path: str, name: str, entry: object, data_start: int,
     return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
 
 
-class SafetensorsFile(Mapping[str, Weights]):
-    """A memory-mapped checkpoint: a read-only mapping from tensor name to :class:`Weights`.
+class SafetensorsFile(Mapping[str, TorchWeights]):
+    """A memory-mapped checkpoint: a read-only mapping from tensor name to
+    :class:`TorchWeights`.
 
     Opening reads and validates the header only; tensor data stays on disk until a kernel
-    reads it. ``file[name]`` gives the 2-D F16 / BF16 / F32 tensors as zero-copy ``Weights``
-    in the layout the file stores (PyTorch checkpoints store a Linear's weight as
-    ``(out_features, in_features)``; :class:`narrowmm.Linear` takes that layout). Other
+    reads it. ``file[name]`` gives a 2-D F16 / BF16 / F32 tensor as a zero-copy
+    :class:`TorchWeights`: PyTorch's ``(out_features, in_features)`` layout, the one
+    checkpoints store. ``nm.Linear(file[name])`` computes ``x @ W.T``; narrowmm's own
+    ``(in, out)`` :class:`Weights` take an explicit ``file[name].transpose()``. Other
     tensors are listed (``info``) and readable as arrays (:meth:`array`); asking for them as
-    Weights raises :class:`SafetensorsError` saying why.
+    weights raises :class:`SafetensorsError` saying why.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -189,9 +192,26 @@ class SafetensorsFile(Mapping[str, Weights]):
         try:
             return self.info[name]
         except KeyError:
-            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+            close = difflib.get_close_matches(name, list(self.info), n=5, cutoff=0.6)
+            hint = (f"; close matches: {', '.join(map(repr, close))}" if close
+                    else f"; it has {len(self.info)} tensors (list(file) names them)")
+            raise KeyError(f"{self.path}: no tensor named {name!r}{hint}") from None
 
-    def __getitem__(self, name: str) -> Weights:
+    def release(self, name: str) -> None:
+        """Tell the OS that the mapped pages of tensor ``name`` are not needed now.
+
+        After a layer made its own copy (transposed or packed), its mapped view still counts
+        in the process's resident memory until the OS evicts it; releasing drops those pages
+        at once, so a loader holds about one copy of the weights, not two. Views of the
+        tensor stay valid: a later read faults the pages back in from the file."""
+        t = self._entry(name)
+        if self._map is None or t.end == t.begin or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        begin = t.begin - t.begin % page
+        self._map.madvise(mmap.MADV_DONTNEED, begin, t.end - begin)
+
+    def __getitem__(self, name: str) -> TorchWeights:
         t = self._entry(name)
         if t.format is None:
             raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {t.dtype}; "
@@ -200,7 +220,7 @@ class SafetensorsFile(Mapping[str, Weights]):
             raise SafetensorsError(f"{self.path}: tensor {name!r} has shape {t.shape}; "
                                    "weights must be 2-D (use .array() for other tensors)")
         bits = self.array(name)
-        return Weights.from_bits(bits.view(np.uint16) if t.dtype == "F16" else bits, t.format)
+        return TorchWeights(bits.view(np.uint16) if t.dtype == "F16" else bits, t.format)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.info)
@@ -213,7 +233,8 @@ class SafetensorsFile(Mapping[str, Weights]):
 
 
 def load_safetensors(path: str | os.PathLike[str]) -> SafetensorsFile:
-    """Open a ``.safetensors`` file, memory-mapped: a mapping name -> :class:`Weights`.
+    """Open a ``.safetensors`` file, memory-mapped: a mapping name -> :class:`TorchWeights`
+    (PyTorch's ``(out_features, in_features)`` layout).
 
     Raises :class:`SafetensorsError` (a ValueError) naming the tensor and the problem for a
     malformed file: truncated, header length past the end, a non-UTF-8 or non-JSON header,

@@ -54,6 +54,10 @@ class Weights:
     __slots__ = ("bits", "format")
 
     def __init__(self, array: object, format: str | Format | None = None) -> None:
+        if isinstance(array, TorchWeights):
+            raise TypeError(f"{array!r} is in PyTorch's (out_features, in_features) layout; "
+                            "narrowmm's Weights are (in_features, out_features): use "
+                            "w.transpose() to get them, or nm.Linear(w) for x @ W.T")
         a = as_array(array, "weights")
         fmt = _format_of(a)
         if fmt is None:
@@ -146,12 +150,16 @@ class Weights:
 
 
 def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
-    """(k, n) row-major ``bits`` as ``(ceil(n / width), k, width)`` slivers, zero-padded."""
+    """(k, n) ``bits`` (any strides: a transposed view too) as ``(ceil(n / width), k,
+    width)`` slivers, zero-padded; one new array, filled a sliver at a time."""
     k, n = bits.shape
     slivers = -(-n // width)
-    padded = np.zeros((k, slivers * width), bits.dtype)
-    padded[:, :n] = bits
-    return np.ascontiguousarray(padded.reshape(k, slivers, width).transpose(1, 0, 2))
+    out = np.empty((slivers, k, width), bits.dtype)
+    for s in range(slivers):
+        cols = bits[:, s * width:(s + 1) * width]
+        out[s, :, :cols.shape[1]] = cols
+        out[s, :, cols.shape[1]:] = 0
+    return out
 
 
 class PackedWeights:
@@ -204,3 +212,74 @@ class PackedWeights:
         k, n = self.shape
         return (f"PackedWeights(k={k}, n={n}, format={self.format.name!r}, "
                 f"width={self.width}, isa={self.isa!r})")
+
+
+class TorchWeights:
+    """A weight matrix in PyTorch's layout: ``(out_features, in_features)``, as
+    ``torch.nn.Linear`` and checkpoints store it. :meth:`narrowmm.SafetensorsFile.__getitem__`
+    returns this type for 2-D tensors.
+
+    It is deliberately *not* a :class:`Weights` (narrowmm's ``(in_features, out_features)``
+    = ``(k, n)`` layout): ``nm.matmul`` and ``Weights(...)`` refuse it, so a square matrix is
+    never silently used the wrong way round. Turn it into something that computes with
+    :class:`narrowmm.Linear` (``x @ W.T``), with :meth:`transpose` (narrowmm's layout, a
+    copy), or with :meth:`pack` (the packed layout, straight from this one).
+
+    Attributes:
+        format: the :class:`~narrowmm.Format`.
+        bits: ``(out_features, in_features)`` stored elements (uint16 bits, or float32),
+            sharing memory with what was wrapped (a memory-mapped file, say).
+    """
+
+    __slots__ = ("bits", "format")
+
+    def __init__(self, bits: np.ndarray, format: str | Format) -> None:
+        w = Weights.from_bits(bits, format)  # the same checks on dtype and layout
+        self.bits: np.ndarray = w.bits
+        self.format: Format = w.format
+
+    @classmethod
+    def wrap(cls, array: object) -> TorchWeights:
+        """Wrap an ``(out_features, in_features)`` float16 / bfloat16 / float32 array or
+        tensor without copying (the format is read from the dtype)."""
+        w = Weights(array)
+        return cls(w.bits, w.format)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        return self.bits.shape  # type: ignore[return-value]
+
+    @property
+    def out_features(self) -> int:
+        return self.bits.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.bits.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored elements."""
+        return self.bits.size * self.format.itemsize
+
+    def transpose(self) -> Weights:
+        """narrowmm's ``(in_features, out_features)`` :class:`Weights`: a transposed copy."""
+        return Weights.from_bits(np.ascontiguousarray(self.bits.T), self.format)
+
+    def pack(self) -> PackedWeights:
+        """The native ISA row's packed layout (:meth:`Weights.pack`), built straight from
+        this layout: no intermediate transposed copy."""
+        from .providers.native import checked_core
+
+        c = checked_core()
+        return PackedWeights(pack_slivers(self.bits.T, int(c.pack_width())),
+                             self.out_features, self.format, c.isa())
+
+    def decode(self) -> np.ndarray:
+        """The exact float32 values as a new ``(out_features, in_features)`` array."""
+        return Weights.from_bits(self.bits, self.format).decode()
+
+    def __repr__(self) -> str:
+        return (f"TorchWeights(out_features={self.out_features}, "
+                f"in_features={self.in_features}, format={self.format.name!r})")

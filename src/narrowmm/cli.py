@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(schema in docs/bench.md)")
     bench.add_argument("--plot", metavar="PATH.png", help="draw the results (needs "
                        "matplotlib)")
+    bench.add_argument("--model", choices=["minilm"],
+                       help="time a whole model instead: all-MiniLM-L6-v2 sentences/s against "
+                            "PyTorch (uses --batch, default 1,32, and --threads, default 1,2; "
+                            "needs the models extra)")
     return parser
 
 
@@ -87,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         from ._check import run_checks
 
         return 1 if run_checks() else 0
+    if args.model:
+        from ._bench_model import main as model_main
+
+        return model_main(args)
     from ._bench import main as bench_main
 
     return bench_main(args)

@@ -1,0 +1,281 @@
+"""narrowmm inside PyTorch models: ``import narrowmm.torch`` (``import narrowmm`` never
+imports torch).
+
+- :class:`Linear`, a ``torch.nn.Module`` doing ``y = x @ W.T + b`` with narrowmm's exact fma
+  chains, built from an ``nn.Linear`` (:meth:`Linear.from_torch`) or a checkpoint tensor
+  (:meth:`Linear.from_weights`);
+- :func:`convert`, which swaps every ``nn.Linear`` of a model for one, in place;
+- the operator ``torch.ops.narrowmm.linear``, registered with ``torch.library`` with a fake
+  (meta) implementation, so ``torch.inference_mode``, ``torch.compile`` and
+  ``torch.export`` see through it.
+
+Inference only: a forward whose input needs a gradient raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
+
+from . import _threads
+from ._api import matmul
+from ._formats import FORMATS, Format, get_format
+from ._linear import Linear as _NumpyLinear
+from ._weights import PackedWeights, TorchWeights, Weights
+from .providers import resolve
+from .providers.native import core
+
+__all__ = ["Linear", "convert", "converted_layers", "set_num_threads"]
+
+_BY_CODE: dict[int, Format] = {f.code: f for f in FORMATS.values()}
+_WIDEN = {torch.bfloat16, torch.float16}
+
+
+def _numpy_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
+    """The weight buffer as the NumPy bits narrowmm reads (int16 in torch, uint16 here)."""
+    a = weight.numpy()
+    return a.view(np.uint16) if fmt.itemsize == 2 else a
+
+
+def _linear_arrays(xa: np.ndarray, bits: np.ndarray, bias: np.ndarray | None, fmt: Format,
+                   out_features: int, packed: bool) -> np.ndarray:
+    """``xa`` (..., k) float32 through the layer's NumPy views: bits as the binding takes
+    them ((k, n) rows, or (slivers * k, width) packed). The bias is copied into the output
+    first and the chains accumulate from it."""
+    x2 = xa.reshape(-1, xa.shape[-1])
+    out = np.empty((x2.shape[0], out_features), np.float32)
+    accumulate = bias is not None
+    if accumulate:
+        out[...] = bias
+    provider, _ = resolve("matmul", fmt)  # honours use_provider and NARROWMM_* checks
+    if provider.name == "native":  # the binding checks shapes, strides and the pack width
+        if packed:
+            core().matmul_packed(fmt.code, x2, bits, out_features, out, accumulate)
+        else:
+            core().matmul(fmt.code, x2, bits, out, accumulate)
+    else:
+        w = (PackedWeights(bits.reshape(-1, x2.shape[1], bits.shape[1]), out_features, fmt,
+                           _pack_isa(bits.shape[1])) if packed
+             else Weights.from_bits(bits, fmt))
+        matmul(x2, w, out=out, accumulate=accumulate)
+    return out.reshape(*xa.shape[:-1], out_features)
+
+
+def _binding_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
+    """The weight buffer as the binding reads it: packed slivers flattened to 2-D."""
+    bits = _numpy_bits(weight, fmt)
+    return bits.reshape(-1, bits.shape[2]) if bits.ndim == 3 else bits
+
+
+def _linear_numpy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  format_code: int, out_features: int, packed: bool) -> torch.Tensor:
+    """The operator's CPU implementation: the result is a tensor over narrowmm's output."""
+    fmt = _BY_CODE[format_code]
+    out = _linear_arrays(x.numpy(), _binding_bits(weight, fmt),
+                         None if bias is None else bias.numpy(), fmt, out_features, packed)
+    return torch.from_numpy(out)
+
+
+@torch.library.custom_op("narrowmm::linear", mutates_args=(), device_types="cpu")
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               format_code: int, out_features: int, packed: bool) -> torch.Tensor:
+    """``x @ W.T + bias`` for float32 ``x`` of shape ``(..., in_features)``.
+
+    ``weight`` holds narrowmm's bits: ``(in_features, out_features)`` row-major, or the
+    packed slivers ``(slivers, in_features, width)`` when ``packed``; 16-bit formats are
+    stored as int16."""
+    return _linear_numpy(x, weight, bias, format_code, out_features, packed)
+
+
+@_linear_op.register_fake
+def _linear_fake(x, weight, bias, format_code, out_features, packed):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _eager(x: torch.Tensor) -> bool:
+    """True when nothing traces this call (no torch.compile, export or dispatch mode, and a
+    plain tensor): the implementation can run without the dispatcher's ~40 us."""
+    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and _current_dispatch_mode() is None)
+
+
+def _pack_isa(width: int) -> str:
+    """The ISA row a packed width belongs to now (matmul checks the width itself)."""
+    from .providers.native import core
+
+    c = core()
+    return c.isa() if c is not None and c.pack_width() == width else f"width-{width}"
+
+
+class Linear(torch.nn.Module):
+    """``y = x @ W.T + b`` on narrowmm's kernels: every output is the fma chain over the
+    input features in ascending order, from the bias (or +0.0), whatever the batch, the
+    thread count or the CPU.
+
+    float32 inputs give float32 outputs without a copy of ``x`` (when it is contiguous);
+    bfloat16 / float16 inputs are widened exactly to float32 and the output is rounded back
+    to the input's dtype. Any leading dimensions. The weights stay in their narrow format
+    (a non-persistent buffer, ``weight_bits``), in narrowmm's layout, packed for the CPU
+    when ``packed``.
+
+    Build one with :meth:`from_torch` or :meth:`from_weights`.
+    """
+
+    def __init__(self, weights: Weights | PackedWeights, bias: np.ndarray | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weights.shape
+        self.format: Format = weights.format
+        self.packed = isinstance(weights, PackedWeights)
+        bits = weights.bits.view(np.int16) if weights.format.itemsize == 2 else weights.bits
+        self.register_buffer("weight_bits", torch.from_numpy(bits), persistent=False)
+        self.register_buffer("bias", None if bias is None else torch.from_numpy(
+            np.ascontiguousarray(bias, dtype=np.float32)), persistent=False)
+        # (weight_bits, bias, their NumPy views): rebuilt if a buffer is replaced
+        self._views: tuple = (None, None, None, None)
+
+    @classmethod
+    def from_torch(cls, linear: torch.nn.Linear, format: str = "bf16", *,
+                   pack: bool = True) -> Linear:
+        """The layer of ``linear`` with its weights in ``format`` (``"bf16"``, ``"fp16"``
+        or ``"f32"``): float32 weights are rounded to nearest even, weights already in
+        ``format`` are taken bit for bit. ``pack`` stores the CPU's packed layout (the same
+        bits, faster at small batches)."""
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"from_torch takes a torch.nn.Linear, got {type(linear).__name__}")
+        fmt = get_format(format)
+        weight = linear.weight.detach()
+        if weight.device.type != "cpu":
+            raise ValueError(f"narrowmm runs on the CPU; the weight is on {weight.device}")
+        tw = _torch_weights(weight, fmt)
+        bias = None if linear.bias is None else linear.bias.detach().float().numpy()
+        return cls.from_weights(tw, bias, pack=pack)
+
+    @classmethod
+    def from_weights(cls, weight: TorchWeights, bias: object = None, *,
+                     pack: bool = True) -> Linear:
+        """The layer of a checkpoint tensor (``narrowmm.load_safetensors(path)[name]``,
+        PyTorch's ``(out_features, in_features)``) and an optional bias."""
+        layer = _NumpyLinear(weight, bias, pack=pack)
+        return cls(layer.weights, layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError("narrowmm.torch.Linear is inference-only and the input needs a "
+                               "gradient: run the model under torch.inference_mode() or "
+                               "torch.no_grad()")
+        dtype = x.dtype
+        if dtype in _WIDEN:
+            x = x.float()  # exact: every bfloat16 / float16 value is a float32 value
+        elif dtype != torch.float32:
+            raise TypeError(f"narrowmm.torch.Linear takes float32, bfloat16 or float16 input, "
+                            f"got {dtype}")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input must have shape (..., in_features) = (..., "
+                             f"{self.in_features}), got {tuple(x.shape)}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        if _eager(x):  # the implementation itself, on NumPy views made once per buffer
+            weight_bits, bias = self.weight_bits, self.bias
+            if self._views[0] is not weight_bits or self._views[1] is not bias:
+                self._views = (weight_bits, bias, _binding_bits(weight_bits, self.format),
+                               None if bias is None else bias.numpy())
+            y = torch.from_numpy(_linear_arrays(x.numpy(), self._views[2], self._views[3],
+                                                self.format, self.out_features, self.packed))
+        else:  # traced: the registered operator, which torch.compile and export see
+            y = torch.ops.narrowmm.linear(x, self.weight_bits, self.bias, self.format.code,
+                                          self.out_features, self.packed)
+        return y if dtype == torch.float32 else y.to(dtype)
+
+    def weights(self) -> Weights | PackedWeights:
+        """The narrowmm weights this layer computes with (sharing its buffer)."""
+        bits = _numpy_bits(self.weight_bits, self.format)
+        if self.packed:
+            return PackedWeights(bits, self.out_features, self.format, _pack_isa(bits.shape[2]))
+        return Weights.from_bits(bits, self.format)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"format={self.format.name!r}, bias={self.bias is not None}, "
+                f"packed={self.packed}")
+
+
+def _torch_weights(weight: torch.Tensor, fmt: Format) -> TorchWeights:
+    """``weight`` (out, in) in ``fmt``: bit for bit when it already is, else rounded."""
+    native = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32"}
+    if weight.dtype not in native:
+        raise TypeError(f"weight dtype {weight.dtype} is not float32, bfloat16 or float16")
+    weight = weight.contiguous()
+    if native[weight.dtype] == fmt.name:
+        return TorchWeights.wrap(weight)  # zero-copy; transpose/pack copy it once
+    values = weight.float().numpy()  # exact widening of 16-bit weights
+    if fmt.name == "f32":
+        return TorchWeights(values, fmt)
+    from ._api import encode
+
+    return TorchWeights(encode(values, fmt), fmt)
+
+
+def _skipped(name: str, skip: Iterable[str]) -> bool:
+    """A module is skipped when ``skip`` names it in full or names its last part."""
+    return any(name == s or name.rsplit(".", 1)[-1] == s for s in skip)
+
+
+def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
+            skip: Iterable[str] = (), threads: bool | int = True) -> torch.nn.Module:
+    """Replace every ``torch.nn.Linear`` in ``model`` by a :class:`Linear`, in place.
+
+    Args:
+        model: any module; its ``nn.Linear`` children at any depth are replaced.
+        format: ``"bf16"``, ``"fp16"`` or ``"f32"``. A model already in that format keeps
+            every weight bit.
+        pack: store the CPU's packed layout (same bits, faster at small batches).
+        skip: module names left alone: a full name (``"encoder.layer.0.output.dense"``) or
+            a last part (``"lm_head"``, every module so named).
+
+    Returns:
+        ``model``. The converted layers' float parameters are dropped from it (freed unless
+        something else, a tied embedding say, still holds them).
+
+    Threads: unless ``threads`` is False, :func:`set_num_threads` gives the cores to
+    narrowmm (``threads`` of them, or every CPU for True) and sets PyTorch's intra-op
+    threads to 1: the two pools must not fight over the cores (see there for figures).
+    """
+    skip = tuple(skip)
+    fmt = get_format(format)
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, torch.nn.Linear) and not _skipped(name, skip)]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, Linear.from_torch(module, fmt.name, pack=pack))
+        module.weight = None  # the float copy goes with the last reference to it
+        module.bias = None
+    if threads is not False:
+        set_num_threads(None if threads is True else threads)
+    return model
+
+
+def converted_layers(model: torch.nn.Module) -> list[tuple[str, Linear]]:
+    """The narrowmm layers of ``model`` with their names."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
+
+
+def set_num_threads(n: int | None = None) -> None:
+    """Give the cores to narrowmm in a model run through ``narrowmm.torch``: narrowmm's pool
+    gets ``n`` threads (default: every CPU this process may use), PyTorch's intra-op team 1.
+
+    Why: after each op PyTorch's OpenMP workers spin for milliseconds waiting for the next
+    one, on the cores narrowmm's pool needs for the layer that follows. Measured on
+    all-MiniLM-L6-v2 (2-core AMD EPYC, batch 32, forward only): torch 2 + narrowmm 2
+    threads took 188 ms, torch 2 + narrowmm 1 172 ms, torch 1 + narrowmm 2 126 ms, torch 1
+    + narrowmm 1 180 ms; the spin settings of OpenMP (OMP_WAIT_POLICY, GOMP_SPINCOUNT) did
+    not beat torch 1 + narrowmm 2 either. In a converted model the linear layers are most of
+    the work, so they get the cores. Set PyTorch's count yourself afterwards
+    (``torch.set_num_threads``) to choose otherwise.
+    """
+    count = _threads.available_cpus() if n is None else n
+    _threads.set_num_threads(count)
+    torch.set_num_threads(1)
