@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+
 import numpy as np
 import pytest
 
@@ -66,3 +69,17 @@ def _split_every_call():
     core().set_wake_min_work(0)
     yield
     core().set_wake_min_work(before)
+
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(module: str):
+    """Import an optional test dependency: skip without it locally, fail in CI (where
+    tools/install-test-deps and the test extra install it)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if IN_CI:
+            raise
+        pytest.skip(f"{module} is not installed ({exc})", allow_module_level=True)

@@ -1,0 +1,198 @@
+"""narrowmm.torch: the Linear module, convert(), the registered operator, threads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import assert_same_bits, require
+
+torch = require("torch")  # tools/install-test-deps installs it
+
+from torch_oracle import assert_layers_exact, oracle, recording  # noqa: E402
+
+import narrowmm as nm  # noqa: E402
+import narrowmm.torch as nmt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch_before, nm_before = torch.get_num_threads(), nm.get_num_threads()
+    yield
+    torch.set_num_threads(torch_before)
+    nm.set_num_threads(nm_before)
+
+
+def linear(k: int, n: int, bias: bool = True, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(k, n, bias=bias).eval()
+
+
+def test_import_narrowmm_does_not_import_torch():
+    code = "import sys, narrowmm; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "f32"])
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_is_exact_against_the_oracle(fmt, pack, bias):
+    lin = linear(70, 53, bias)
+    layer = nmt.Linear.from_torch(lin, fmt, pack=pack)
+    assert (layer.in_features, layer.out_features, layer.packed) == (70, 53, pack)
+    x = torch.randn(2, 3, 70)
+    with torch.inference_mode():
+        y = layer(x)
+    assert y.shape == (2, 3, 53) and y.dtype == torch.float32
+    assert_same_bits(y.numpy(), oracle(layer, x.numpy()))
+    # and the weights are the nn.Linear's, rounded to the format (nearest even)
+    want = nm.Weights.encode(np.ascontiguousarray(lin.weight.detach().numpy().T), fmt)
+    assert_same_bits(layer.weights().decode(), want.decode())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_activations_are_widened_exactly(dtype):
+    layer = nmt.Linear.from_torch(linear(40, 24), "bf16")
+    x = torch.randn(5, 40).to(dtype)
+    with torch.no_grad():
+        y = layer(x)
+    assert y.dtype == dtype
+    want = torch.from_numpy(oracle(layer, x.float().numpy())).to(dtype)
+    assert torch.equal(y, want)
+
+
+def test_float32_input_is_not_copied_and_output_is_narrowmms(monkeypatch):
+    layer = nmt.Linear.from_torch(linear(32, 16), "bf16")
+    x = torch.randn(4, 32)
+    seen = {}
+    real = nmt._linear_arrays
+
+    def spy(xa, *args):
+        out = real(xa, *args)
+        seen["x"], seen["out"] = xa, out
+        return out
+
+    monkeypatch.setattr(nmt, "_linear_arrays", spy)
+    with torch.inference_mode():
+        y = layer(x)
+    assert np.shares_memory(seen["x"], x.numpy())
+    assert np.shares_memory(seen["out"], y.numpy())
+
+
+def test_bad_input():
+    layer = nmt.Linear.from_torch(linear(8, 4), "bf16")
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"in_features\) = \(\.\.\., 8\), got \(2, 7\)"):
+            layer(torch.ones(2, 7))
+        with pytest.raises(TypeError, match=r"float32, bfloat16 or float16 input, got "
+                                            r"torch\.int64"):
+            layer(torch.ones(2, 8, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"takes a torch\.nn\.Linear, got Conv1d"):
+        nmt.Linear.from_torch(torch.nn.Conv1d(2, 2, 1))
+    with pytest.raises(ValueError, match="unknown format"):
+        nmt.Linear.from_torch(linear(8, 4), "int3")
+
+
+def test_a_forward_that_needs_a_gradient_raises():
+    layer = nmt.Linear.from_torch(linear(8, 4), "bf16")
+    x = torch.ones(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"inference-only.*torch\.inference_mode"):
+        layer(x)
+    with torch.no_grad():
+        assert layer(x).shape == (2, 4)
+
+
+class Net(torch.nn.Module):
+    """Three Linear layers at two depths, and an lm_head that forward does not call."""
+
+    def __init__(self, activation: torch.nn.Module) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(24, 40), activation,
+            torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.ReLU()),
+            torch.nn.Linear(40, 10))
+        self.lm_head = torch.nn.Linear(10, 10)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def model(dtype=torch.float32, activation=None) -> torch.nn.Module:
+    torch.manual_seed(1)
+    return Net(activation or torch.nn.GELU()).to(dtype).eval()
+
+
+def test_convert_replaces_every_linear_but_the_skipped():
+    m = nmt.convert(model(), "fp16", skip=("lm_head",))
+    names = [n for n, _ in nmt.converted_layers(m)]
+    assert names == ["body.0", "body.2.0", "body.3"]
+    assert isinstance(m.lm_head, torch.nn.Linear)
+    # the float parameters of the converted layers are gone from the model
+    assert sum(p.numel() for p in m.parameters()) == 10 * 10 + 10
+    x = torch.randn(6, 24)
+    with torch.inference_mode(), recording(m) as calls:
+        m(x)
+    assert assert_layers_exact(calls) == 3
+
+
+def test_converting_bf16_weights_to_bf16_changes_no_bit():
+    m = model(torch.bfloat16)
+    bits = {n: mod.weight.detach().view(torch.int16).numpy().copy()
+            for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
+    nmt.convert(m, "bf16", pack=False)
+    for name, layer in nmt.converted_layers(m):
+        got = layer.weights().bits.T.view(np.int16)  # (in, out) -> (out, in)
+        assert np.array_equal(got, bits[name]), name
+
+
+def test_convert_gives_the_cores_to_narrowmm():
+    torch.set_num_threads(2)
+    nmt.convert(model(), "bf16", threads=2)
+    assert torch.get_num_threads() == 1 and nm.get_num_threads() == 2
+    torch.set_num_threads(2)
+    nmt.convert(model(), "bf16", threads=False)
+    assert torch.get_num_threads() == 2
+
+
+def test_inference_mode_compile_and_export_see_the_operator():
+    # ReLU only: inductor's GELU rounds differently from eager's, narrowmm's op does not
+    m = nmt.convert(model(activation=torch.nn.ReLU()), "bf16", skip=("lm_head",))
+    x = torch.randn(3, 24)
+    with torch.inference_mode():
+        eager = m(x)
+    with torch.no_grad():
+        compiled = torch.compile(m)(x)
+        exported = torch.export.export(m, (x,))
+        again = exported.module()(x)
+    assert torch.equal(compiled, eager) and torch.equal(again, eager)
+    ops = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.narrowmm.linear.default) == 3
+
+
+def test_operator_meta_implementation():
+    layer = nmt.Linear.from_torch(linear(12, 7), "bf16")
+    x = torch.empty(2, 5, 12, device="meta")
+    y = torch.ops.narrowmm.linear(x, layer.weight_bits.to("meta"), layer.bias.to("meta"),
+                                  layer.format.code, 7, layer.packed)
+    assert y.shape == (2, 5, 7) and y.device.type == "meta"
+
+
+def test_checkpoint_tensor_to_torch_layer(tmp_path):
+    """from_weights takes load_safetensors' (out, in) tensors: x @ W.T, as nn.Linear."""
+    from safetensors.torch import save_file
+
+    lin = linear(16, 16).to(torch.bfloat16)
+    save_file({"q.weight": lin.weight.detach().contiguous(),
+               "q.bias": lin.bias.detach().float().contiguous()}, str(tmp_path / "m.st"))
+    f = nm.load_safetensors(tmp_path / "m.st")
+    layer = nmt.Linear.from_weights(f["q.weight"], f.array("q.bias"))
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        want = torch.nn.functional.linear(x, lin.weight.float(), lin.bias.float())
+        got = layer(x)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_same_bits(got.numpy(), oracle(layer, x.numpy()))
