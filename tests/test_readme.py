@@ -8,6 +8,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -33,9 +34,11 @@ def install_commands() -> list[list[str]]:
 
 def check_output(out: str) -> None:
     assert "ms per call" in out and "Linear(in_features=1024, out_features=2048" in out
+    assert "Linear(in_features=256, out_features=1024, format='bf16'" in out  # narrowmm.torch
 
 
 def test_readme_python_blocks_run(capsys):
+    require("torch")  # the narrowmm.torch example
     for block in python_blocks():
         exec(compile(block, str(README), "exec"), {})
     check_output(capsys.readouterr().out)

@@ -6,7 +6,8 @@ included) in six systems: PyTorch float32, PyTorch bfloat16, and the model conve
 ``narrowmm.torch.convert`` to bf16 and fp16, row-major and packed. The systems of a case
 (batch size, threads) are timed in turns (``time_interleaved``), each with its own thread
 setting applied before every call: PyTorch's ``torch.set_num_threads(t)``; narrowmm's
-``narrowmm.torch.set_num_threads(t)`` (t narrowmm threads, one PyTorch thread). Each system's
+``narrowmm.torch.set_num_threads(t)`` (t narrowmm threads, one PyTorch thread); all systems
+at all thread counts of a batch size take turns in one group. Each system's
 sentence embeddings are compared with the float32 model's (minimum cosine).
 """
 
@@ -127,27 +128,27 @@ def run(batches: list[int], threads: list[int], budget_s: float, rounds: int,
 
     results = []
     for bs in batches:
-        batches_of = [[SENTENCES[(i * bs + j) % len(SENTENCES)] for j in range(bs)]
-                      for i in range(len(SENTENCES))]
-        for t in threads:
-            calls = []
-            for name in SYSTEMS:
-                model = models[name]
+        inputs = [[SENTENCES[(i * bs + j) % len(SENTENCES)] for j in range(bs)]
+                  for i in range(len(SENTENCES))]
+        # every system at every thread count in one group of turns: the thread counts are
+        # compared on the same stretch of a drifting machine, like the systems
+        cases = [(name, t) for t in threads for name in SYSTEMS]
+        calls = []
+        for name, t in cases:
+            def call(i: int, model=models[name], name=name, t=t, bs=bs,
+                     inputs=inputs) -> None:
+                with_threads(name, t)
+                model.encode(inputs[i % len(inputs)], batch_size=bs)
 
-                def call(i: int, model=model, name=name, t=t, inputs=batches_of,
-                         bs=bs) -> None:
-                    with_threads(name, t)
-                    model.encode(inputs[i % len(inputs)], batch_size=bs)
-
-                call(0)  # warm-up
-                calls.append(call)
-            samples = time_interleaved(calls, rounds, budget_s * len(SYSTEMS))
-            for name, (times, _) in zip(SYSTEMS, samples, strict=True):
-                med = statistics.median(times)
-                results.append(ModelResult(name, bs, t, med, bs / (med * 1e-3), len(times),
-                                           cosines[name]))
-                progress(f"minilm batch {bs} threads {t} {name}: {bs / (med * 1e-3):.1f} "
-                         "sentences/s")
+            call(0)  # warm-up
+            calls.append(call)
+        samples = time_interleaved(calls, rounds, budget_s)
+        for (name, t), (times, _) in zip(cases, samples, strict=True):
+            med = statistics.median(times)
+            results.append(ModelResult(name, bs, t, med, bs / (med * 1e-3), len(times),
+                                       cosines[name]))
+            progress(f"minilm batch {bs} threads {t} {name}: {bs / (med * 1e-3):.1f} "
+                     "sentences/s")
     return results
 
 
@@ -182,7 +183,7 @@ def main(args: Any) -> int:
         raise SystemExit(f"narrowmm bench: unknown model {args.model!r} (known: minilm)")
     batches = args.batch or [1, 32]
     threads = args.threads or [1, 2]
-    budget, rounds = (0.3, 3) if args.quick else (2.0, 5)
+    budget, rounds = (0.3, 3) if args.quick else (6.0, 8)
     t0 = time.perf_counter()
     results = run(batches, threads, budget, rounds)
     print()
