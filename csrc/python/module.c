@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../include/narrowmm.h"
 #include "../frame/threads.h"
@@ -137,6 +138,36 @@ static int parse_format(int fmt) {
 
 /* The checks both layouts share, then the call: x and out float-aligned, out's rows
  * apart, out clear of x and the weights; n is the number of output columns. */
+/* A long call runs as column chunks, and between chunks the calling thread takes the GIL
+ * back and looks for signals, so Ctrl-C stops a call of any size within about a chunk's
+ * time (an interrupted call leaves `out` partly written: whole columns done, the rest as
+ * they were). Each output column is its own fma chain, so chunking changes no bit. The
+ * first chunk is about NM_CHUNK_FIRST_WORK multiply-adds (a gemv weight counting
+ * NM_CHUNK_GEMV_WEIGHT, as it costs bandwidth, not arithmetic); the next ones are sized from
+ * its time to last about NM_CHUNK_SECONDS on this row and thread count. Chunks are whole
+ * slivers of packed weights, and multiples of NM_CHUNK_ALIGN columns of row-major ones. */
+#define NM_CHUNK_FIRST_WORK ((double)(1 << 26))
+#define NM_CHUNK_GEMV_WEIGHT 4
+#define NM_CHUNK_SECONDS 0.025
+#define NM_CHUNK_ALIGN 64
+
+static double now_seconds(void) {
+#if defined(_WIN32)
+    return (double)clock() / CLOCKS_PER_SEC;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+
+/* `want` columns rounded down to a multiple of `align` (at least one), at most n. */
+static int64_t chunk_columns(double want, int64_t align, int64_t n) {
+    if (want >= (double)n) return n;
+    int64_t cols = (int64_t)want / align * align;
+    return cols < align ? align : cols;
+}
+
 static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const matrix *c,
                             int64_t n, int packed, int accumulate) {
     const int bsize = nm_format_table[fmt].itemsize;
@@ -156,17 +187,38 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
     const float *ap = (const float *)a->view.buf;
     const uint8_t *bp = (const uint8_t *)b->view.buf;
     float *cp = (float *)c->view.buf;
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = packed ? nm_matmul_packed(current_row, fmt, a->rows, n, a->cols, ap, a->ld / 4, bp,
-                                       cp, c->ld / 4, accumulate)
-                    : nm_matmul(current_row, fmt, a->rows, n, a->cols, ap, a->ld / 4, bp,
-                                b->ld, cp, c->ld / 4, accumulate);
-    Py_END_ALLOW_THREADS
-    if (status == NM_ENOMEM) return PyErr_NoMemory();
-    if (status != NM_OK) {
-        PyErr_SetString(PyExc_ValueError, "invalid matmul arguments");
-        return NULL;
+    const nm_kernel_row *row = current_row;
+    const int64_t m = a->rows, k = a->cols;
+    /* Column chunks, with a look for signals (Ctrl-C) between them: see chunk_columns. */
+    const int64_t align = packed ? row->nr : NM_CHUNK_ALIGN;
+    const double per_column = (double)k * (double)(m + NM_CHUNK_GEMV_WEIGHT);
+    int64_t cols = chunk_columns(NM_CHUNK_FIRST_WORK / (per_column > 1 ? per_column : 1),
+                                 align, n);
+    for (int64_t j0 = 0; j0 < n;) {
+        const int64_t w = cols < n - j0 ? cols : n - j0;
+        int status;
+        double seconds;
+        Py_BEGIN_ALLOW_THREADS
+        const double t0 = now_seconds();
+        status = packed ? nm_matmul_packed(row, fmt, m, w, k, ap, a->ld / 4,
+                                           bp + (j0 / align) * k * align * bsize, cp + j0,
+                                           c->ld / 4, accumulate)
+                        : nm_matmul(row, fmt, m, w, k, ap, a->ld / 4, bp + j0 * bsize, b->ld,
+                                    cp + j0, c->ld / 4, accumulate);
+        seconds = now_seconds() - t0;
+        Py_END_ALLOW_THREADS
+        if (status == NM_ENOMEM) return PyErr_NoMemory();
+        if (status != NM_OK) {
+            PyErr_SetString(PyExc_ValueError, "invalid matmul arguments");
+            return NULL;
+        }
+        j0 += w;
+        if (j0 < n) {
+            if (PyErr_CheckSignals() < 0) return NULL; /* out is partly written */
+            /* the next chunks last about NM_CHUNK_SECONDS, whatever the row and threads */
+            const double scale = seconds > 0 ? NM_CHUNK_SECONDS / seconds : 16.0;
+            cols = chunk_columns((double)w * (scale < 16.0 ? scale : 16.0), align, n);
+        }
     }
     return Py_NewRef(Py_None);
 }

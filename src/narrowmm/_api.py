@@ -47,8 +47,9 @@ def _kernel_friendly(a: np.ndarray) -> bool:
             and (rows == 1 or (s0 >= 0 and s0 % 4 == 0)))
 
 
-def _activations(x: object, k: int) -> tuple[np.ndarray, bool]:
-    """x as a (m, k) or (k,) float32 array the kernels accept, and whether it is 1-D."""
+def _activations(x: object, k: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """x as the caller's float32 array, as a (m, k) or (k,) array the kernels accept (a
+    copy when they cannot read the caller's), and whether it is 1-D."""
     # the common case first: a float32 ndarray skips the checks that explain other inputs
     a = x if type(x) is np.ndarray and x.dtype == _F32 else _check_float32(x, "x")
     if a.ndim not in (1, 2):
@@ -56,9 +57,8 @@ def _activations(x: object, k: int) -> tuple[np.ndarray, bool]:
     if a.shape[-1] != k:
         raise ValueError(f"x has {a.shape[-1]} columns but the weights have k={k} rows "
                          f"(x shape {a.shape})")
-    if not _kernel_friendly(a):
-        a = a.copy(order="C")  # activations are small next to weights: copy (aligned)
-    return a, a.ndim == 1
+    # activations are small next to weights: copy (aligned) what the kernels cannot read
+    return a, (a if _kernel_friendly(a) else a.copy(order="C")), a.ndim == 1
 
 
 def matmul(
@@ -99,7 +99,7 @@ def matmul(
     if packed is None and not isinstance(w, Weights):
         w = Weights(w)
     k, n = w.shape
-    xa, vector = _activations(x, k)
+    x_given, xa, vector = _activations(x, k)
     out_shape = (n,) if vector else (xa.shape[0], n)
     provider, kernel = resolve("matmul", w.format)
     native_packed = packed is not None and provider.name == "native"
@@ -125,10 +125,12 @@ def matmul(
         if not target.flags.writeable:
             raise ValueError("out is read-only")
         kernel_out = target if _kernel_friendly(target) else None
-        # The native binding checks overlap itself before writing; elsewhere (and before a
-        # bias is written into out) check here.
-        if (kernel_out is None or not provider.checks_overlap or bias is not None) and (
-                np.may_share_memory(target, xa) or np.may_share_memory(target, w.bits)):
+        # The native binding checks overlap itself before writing, but only sees what it
+        # is given: check here, against the caller's arrays, whenever it would not see them
+        # (x or out copied, another provider, a bias written into out first).
+        if (kernel_out is None or xa is not x_given or not provider.checks_overlap
+                or bias is not None) and (np.may_share_memory(target, x_given)
+                                          or np.may_share_memory(target, w.bits)):
             raise ValueError("out shares memory with x or the weights")
         if kernel_out is None:  # compute in a scratch array and copy back: any strides
             kernel_out = (np.array(target, order="C") if accumulate

@@ -85,6 +85,8 @@ class Linear:
                              f"{getattr(out, 'shape', type(out).__name__)}")
         if xa.ndim <= 2:
             return matmul(xa, self.weights, out=out, bias=self.bias)
+        if out is not None and np.may_share_memory(out, xa):  # before reshape copies x
+            raise ValueError("out shares memory with x or the weights")
         x2 = xa.reshape(-1, self.in_features)  # a copy only for a non-contiguous x
         if out is None:
             y = matmul(x2, self.weights, bias=self.bias)

@@ -16,6 +16,7 @@ import json
 import math
 import mmap
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import numpy as np
 from ._weights import TorchWeights
 
 MAX_HEADER_BYTES = 100_000_000  # the format's own limit
+_MAX_ARRAY_BYTES = 2**63 - 1  # NumPy's limit on an array's size in bytes (64-bit intp)
 
 # every dtype the format defines -> (item size in bytes, what narrowmm makes of it)
 _DTYPES: dict[str, tuple[int, str | None]] = {
@@ -77,6 +79,25 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
+class _BadNumber(Exception):
+    pass
+
+
+# No dimension or offset of a real file needs more digits than 2^64 has; Python's own limit
+# (4300 digits) would raise a ValueError that does not name the file.
+_MAX_INT_DIGITS = 20
+
+
+def _small_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise _BadNumber(f"an integer of {len(text)} digits (at most {_MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _no_constant(text: str) -> float:
+    raise _BadNumber(f"{text}, which JSON does not allow")
+
+
 def _parse_header(path: str, raw: bytes, file_size: int) -> tuple[dict[str, TensorInfo],
                                                                     dict[str, str]]:
     if len(raw) < 8:
@@ -93,16 +114,21 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> tuple[dict[str, Tens
     except UnicodeDecodeError as exc:
         raise _fail(path, f"header is not UTF-8 ({exc.reason} at byte {8 + exc.start})") from None
     try:
-        header = json.loads(text, object_pairs_hook=_unique_keys)
+        header = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_small_int,
+                            parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise _fail(path, f"header is not JSON ({exc.msg} at character {exc.pos})") from None
     except _DuplicateKey as exc:
         raise _fail(path, f"header names {exc.args[0]!r} twice") from None
+    except _BadNumber as exc:
+        raise _fail(path, f"header holds {exc.args[0]}") from None
+    except RecursionError:  # [[[[... nested deeper than the parser's stack
+        raise _fail(path, "header nests too deeply (a valid header nests 3 levels)") from None
     if not isinstance(header, dict):
         raise _fail(path, f"header must be a JSON object, got {type(header).__name__}")
     data_start = 8 + n
     data_size = file_size - data_start
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise _fail(path, "__metadata__ must map strings to strings")
@@ -148,7 +174,13 @@ def _parse_entry(path: str, name: str, entry: object, data_start: int,
     if not 0 <= begin <= end <= data_size:
         raise _fail(path, f"{where}: data_offsets [{begin}, {end}] lie outside the "
                           f"{data_size} bytes of data")
-    nbytes = math.prod(shape) * _DTYPES[dtype][0]
+    itemsize = _DTYPES[dtype][0]
+    # what NumPy can represent: the product of the non-zero dimensions, in bytes, must fit
+    # in a signed 64-bit size (a zero dimension does not excuse [10**30, 0])
+    if math.prod(d for d in shape if d) * itemsize > _MAX_ARRAY_BYTES:
+        raise _fail(path, f"{where}: shape {tuple(shape)} of {dtype} is larger than an array "
+                          "can be")
+    nbytes = math.prod(shape) * itemsize
     if end - begin != nbytes:
         raise _fail(path, f"{where}: shape {tuple(shape)} of {dtype} needs {nbytes} bytes, "
                           f"data_offsets hold {end - begin}")
@@ -170,7 +202,20 @@ class SafetensorsFile(Mapping[str, TorchWeights]):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        with open(self.path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) |
+                     getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _fail(self.path, "not a regular file (a FIFO, device, socket or "
+                                       "directory); a checkpoint must be a file")
+            if hasattr(os, "O_NONBLOCK"):
+                os.set_blocking(fd, True)
+            f = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else 0

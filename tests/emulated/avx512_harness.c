@@ -52,6 +52,11 @@ void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
 
 int nm_get_num_threads(void) { return emulated_threads; }
 
+/* "awake" workers: every job big enough to split is split, small shapes included */
+int nm_pool_awake(void) { return 1; }
+
+long nm_parallel_jobs(void) { return 0; }
+
 /* ---- the entry point ------------------------------------------------------------------------ */
 
 enum { EMU_MATMUL = 0, EMU_DECODE = 1, EMU_ENCODE = 2, EMU_MATMUL_PACKED = 3 };

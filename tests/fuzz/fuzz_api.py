@@ -41,9 +41,46 @@ def array(fdp: atheris.FuzzedDataProvider) -> np.ndarray:
     return a
 
 
+def cut(fdp: atheris.FuzzedDataProvider, buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """A (rows, cols) view of buf at any offset, column step and order."""
+    r0 = fdp.ConsumeIntInRange(0, buf.shape[0] - rows)
+    step = fdp.ConsumeIntInRange(1, 3)
+    c0 = fdp.ConsumeIntInRange(0, buf.shape[1] - (cols - 1) * step - 1)
+    view = buf[r0:r0 + rows, c0:c0 + (cols - 1) * step + 1:step]
+    return view[::-1] if fdp.ConsumeBool() else view
+
+
+def overlap_case(fdp: atheris.FuzzedDataProvider) -> None:
+    """x and out cut from one buffer: an overlap must be refused with `out` untouched, and
+    views whose memory bounds are apart must give the bits of the same call on copies."""
+    m, k, n = (fdp.ConsumeIntInRange(1, 4) for _ in range(3))
+    buf = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    x, out = cut(fdp, buf, m, k), cut(fdp, buf, m, n)
+    w = nm.Weights.from_bits(np.ones((k, n), np.float32), "f32")
+    want = nm.matmul(x.copy(), w)
+    before = buf.copy()
+    try:
+        nm.matmul(x, w, out=out)
+    except ValueError as exc:
+        # the contract refuses whatever numpy.may_share_memory flags (interleaved views
+        # that never touch included): only views whose bounds are apart must be computed
+        if not np.may_share_memory(x, out):
+            raise AssertionError(f"disjoint views refused: {exc}") from None
+        if not np.array_equal(buf, before):
+            raise AssertionError("a refused call wrote into out") from None
+        return
+    if np.shares_memory(x, out):
+        raise AssertionError("out overlapping x was accepted")
+    if not np.array_equal(out, want):
+        raise AssertionError("wrong result on disjoint views")
+
+
 def one_input(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
-    op = fdp.ConsumeIntInRange(0, 3)
+    op = fdp.ConsumeIntInRange(0, 4)
+    if op == 4:
+        overlap_case(fdp)
+        return
     fmt = FORMATS[fdp.ConsumeIntInRange(0, len(FORMATS) - 1)]
     try:
         if op == 0:
