@@ -194,7 +194,10 @@ def test_a_replaced_checkpoint_leaves_the_loaded_mapping_alone(tmp_path):
 # ---- Ctrl-C --------------------------------------------------------------------------
 
 LONG_CALL = """
-import sys, time, numpy as np, narrowmm as nm
+import signal, sys, time, numpy as np, narrowmm as nm
+# Python's own Ctrl-C handler, whatever the parent left: a shell running CI in the
+# background starts its children with SIGINT ignored, and Python then installs none
+signal.signal(signal.SIGINT, signal.default_int_handler)
 w = nm.Weights.from_bits(np.zeros((8192, 16384), np.uint16), "bf16")
 x = np.ones((1024, 8192), np.float32)
 out = np.full((1024, 16384), -1.0, np.float32)

@@ -136,8 +136,6 @@ static int parse_format(int fmt) {
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
-/* The checks both layouts share, then the call: x and out float-aligned, out's rows
- * apart, out clear of x and the weights; n is the number of output columns. */
 /* A long call runs as column chunks, and between chunks the calling thread takes the GIL
  * back and looks for signals, so Ctrl-C stops a call of any size within about a chunk's
  * time (an interrupted call leaves `out` partly written: whole columns done, the rest as
@@ -168,6 +166,8 @@ static int64_t chunk_columns(double want, int64_t align, int64_t n) {
     return cols < align ? align : cols;
 }
 
+/* The checks both layouts share, then the call: x and out float-aligned, out's rows
+ * apart, out clear of x and the weights; n is the number of output columns. */
 static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const matrix *c,
                             int64_t n, int packed, int accumulate) {
     const int bsize = nm_format_table[fmt].itemsize;
@@ -189,7 +189,7 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
     float *cp = (float *)c->view.buf;
     const nm_kernel_row *row = current_row;
     const int64_t m = a->rows, k = a->cols;
-    /* Column chunks, with a look for signals (Ctrl-C) between them: see chunk_columns. */
+    /* Column chunks, with a look for signals (Ctrl-C) between them: see NM_CHUNK_SECONDS. */
     const int64_t align = packed ? row->nr : NM_CHUNK_ALIGN;
     const double per_column = (double)k * (double)(m + NM_CHUNK_GEMV_WEIGHT);
     int64_t cols = chunk_columns(NM_CHUNK_FIRST_WORK / (per_column > 1 ? per_column : 1),

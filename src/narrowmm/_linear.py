@@ -78,11 +78,11 @@ class Linear:
             raise ValueError(f"x must have shape (..., in_features) = (..., "
                              f"{self.in_features}), got {xa.shape}")
         lead = xa.shape[:-1]
-        if out is not None and (not isinstance(out, np.ndarray) or
-                                out.shape != (*lead, self.out_features)):
+        if out is not None and not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy.ndarray of float32, got {type(out).__name__}")
+        if out is not None and out.shape != (*lead, self.out_features):
             raise ValueError(f"out must have shape (..., out_features) = "
-                             f"{(*lead, self.out_features)}, got "
-                             f"{getattr(out, 'shape', type(out).__name__)}")
+                             f"{(*lead, self.out_features)}, got {out.shape}")
         if xa.ndim <= 2:
             return matmul(xa, self.weights, out=out, bias=self.bias)
         if out is not None and np.may_share_memory(out, xa):  # before reshape copies x

@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from . import _threads
-from ._api import matmul
+from ._api import encode, matmul
 from ._formats import FORMATS, Format, get_format
 from ._linear import Linear as _NumpyLinear
 from ._weights import PackedWeights, TorchWeights, Weights
@@ -73,8 +73,11 @@ def _binding_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
 def _linear_numpy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   format_code: int, out_features: int, packed: bool) -> torch.Tensor:
     """The operator's CPU implementation: the result is a tensor over narrowmm's output."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"narrowmm.linear takes float32 input, got {x.dtype} (the module "
+                        "narrowmm.torch.Linear widens bfloat16 and float16 itself)")
     fmt = _BY_CODE[format_code]
-    out = _linear_arrays(x.numpy(), _binding_bits(weight, fmt),
+    out = _linear_arrays(x.contiguous().numpy(), _binding_bits(weight, fmt),
                          None if bias is None else bias.numpy(), fmt, out_features, packed)
     return torch.from_numpy(out)
 
@@ -104,8 +107,6 @@ def _eager(x: torch.Tensor) -> bool:
 
 def _pack_isa(width: int) -> str:
     """The ISA row a packed width belongs to now (matmul checks the width itself)."""
-    from .providers.native import core
-
     c = core()
     return c.isa() if c is not None and c.pack_width() == width else f"width-{width}"
 
@@ -213,8 +214,6 @@ def _torch_weights(weight: torch.Tensor, fmt: Format) -> TorchWeights:
     values = weight.float().numpy()  # exact widening of 16-bit weights
     if fmt.name == "f32":
         return TorchWeights(values, fmt)
-    from ._api import encode
-
     return TorchWeights(encode(values, fmt), fmt)
 
 
