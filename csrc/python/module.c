@@ -139,12 +139,15 @@ static int parse_format(int fmt) {
 /* A long call runs as column chunks, and between chunks the calling thread takes the GIL
  * back and looks for signals, so Ctrl-C stops a call of any size within about a chunk's
  * time (an interrupted call leaves `out` partly written: whole columns done, the rest as
- * they were). Each output column is its own fma chain, so chunking changes no bit. The
- * first chunk is about NM_CHUNK_FIRST_WORK multiply-adds (a gemv weight counting
- * NM_CHUNK_GEMV_WEIGHT, as it costs bandwidth, not arithmetic); the next ones are sized from
- * its time to last about NM_CHUNK_SECONDS on this row and thread count. Chunks are whole
- * slivers of packed weights, and multiples of NM_CHUNK_ALIGN columns of row-major ones. */
-#define NM_CHUNK_FIRST_WORK ((double)(1 << 26))
+ * they were). Each output column is its own fma chain, so chunking changes no bit. A call
+ * of at most NM_CHUNK_MIN_TOTAL multiply-adds (a gemv weight counting NM_CHUNK_GEMV_WEIGHT,
+ * as it costs bandwidth, not arithmetic: ~10-20 ms on avx2) runs whole: splitting the Llama
+ * layer shapes at m <= 16 cost up to 1.4x. A longer one starts with a chunk of about
+ * NM_CHUNK_FIRST_WORK; the next ones are sized from its time to last about NM_CHUNK_SECONDS
+ * on this row and thread count. Chunks are whole slivers of packed weights, and multiples
+ * of NM_CHUNK_ALIGN columns of row-major ones. */
+#define NM_CHUNK_MIN_TOTAL ((double)(1LL << 30))
+#define NM_CHUNK_FIRST_WORK ((double)(1 << 28))
 #define NM_CHUNK_GEMV_WEIGHT 4
 #define NM_CHUNK_SECONDS 0.025
 #define NM_CHUNK_ALIGN 64
@@ -192,8 +195,9 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
     /* Column chunks, with a look for signals (Ctrl-C) between them: see NM_CHUNK_SECONDS. */
     const int64_t align = packed ? row->nr : NM_CHUNK_ALIGN;
     const double per_column = (double)k * (double)(m + NM_CHUNK_GEMV_WEIGHT);
-    int64_t cols = chunk_columns(NM_CHUNK_FIRST_WORK / (per_column > 1 ? per_column : 1),
-                                 align, n);
+    int64_t cols = per_column * (double)n <= NM_CHUNK_MIN_TOTAL
+                       ? n
+                       : chunk_columns(NM_CHUNK_FIRST_WORK / per_column, align, n);
     for (int64_t j0 = 0; j0 < n;) {
         const int64_t w = cols < n - j0 ? cols : n - j0;
         int status;
