@@ -61,6 +61,7 @@ def runtime_info() -> dict[str, Any]:
         "isa_rows": [{"name": n, "supported": s, "missing": list(miss)}
                      for n, s, miss in (c.isa_rows() if c else [])],
         "threads": get_num_threads(),
+        "wake_min_work": c.get_wake_min_work() if c else None,
         "pack_width": c.pack_width() if c else None,
         "provider_forced": forced_provider(),
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
@@ -85,7 +86,10 @@ def show_runtime(as_json: bool = False) -> None:
     )
     forced = f"  (forced by NARROWMM_ISA={info['isa_forced']})" if info["isa_forced"] else ""
     print(f"isa:       {info['isa']}{forced}; rows built: {rows or '-'}")
-    print(f"threads:   {info['threads']}")
+    wake = info["wake_min_work"]
+    rule = (f" (a call under {wake:,} multiply-adds runs on the caller alone while the "
+            "workers sleep)" if wake and info["threads"] > 1 else "")
+    print(f"threads:   {info['threads']}{rule}")
     if info["pack_width"]:
         print(f"packing:   Weights.pack() makes {info['pack_width']}-column slivers for this row")
     for p in info["providers"]:
