@@ -7,12 +7,6 @@ naming the variable and its valid values) by the first call that needs what it c
 
 from __future__ import annotations
 
-VARIABLES: dict[str, str] = {
-    "NARROWMM_ISA": "force an ISA row of the C core (narrowmm info lists them)",
-    "NARROWMM_PROVIDER": "force a provider for every call: native, numpy or reference",
-    "NARROWMM_NUM_THREADS": "threads per call, an integer from 1 to 256",
-}
-
 _problems: dict[str, str] = {}
 
 
