@@ -248,10 +248,13 @@ int64_t nm_get_wake_min_work(void) { return atomic_load(&wake_min_work); }
 
 /* Split a job across threads only if the workers are awake or the job pays for waking them.
  * Where a part runs never changes a bit. */
-static int worth_waking(int64_t m, int64_t n, int64_t k) {
-    const double cost = m <= 2 ? (double)NM_GEMV_WEIGHT_COST * (double)n * (double)k
-                               : (double)m * (double)n * (double)k;
+int nm_worth_waking(double cost) {
     return cost >= (double)atomic_load(&wake_min_work) || nm_pool_awake();
+}
+
+static int worth_waking(int64_t m, int64_t n, int64_t k) {
+    return nm_worth_waking(m <= 2 ? (double)NM_GEMV_WEIGHT_COST * (double)n * (double)k
+                                  : (double)m * (double)n * (double)k);
 }
 
 static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,

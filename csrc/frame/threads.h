@@ -17,6 +17,11 @@ int nm_get_num_threads(void);
 /* Whether a worker is spinning after its last job (waking it costs nothing now). */
 int nm_pool_awake(void);
 
+/* Whether a job of this cost (multiply-adds of time) should be split across threads: it
+ * pays for waking sleeping workers, or they are awake (frame/matmul.c keeps the rule; the
+ * model ops in ops/ follow it too). Where a part runs never changes a bit. */
+int nm_worth_waking(double cost);
+
 /* Jobs run in more than one part since the process started (a diagnostic). */
 long nm_parallel_jobs(void);
 

@@ -26,6 +26,25 @@ int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, in
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                      int accumulate);
 
+/* The model ops (ops/; docs/invariance.md gives each one's fixed order of operations).
+ *
+ * Attention: q [batch][heads][lq][d], k and v [batch][kv_heads][lk][d] (float32,
+ * contiguous; heads a multiple of kv_heads, query head h reading kv head h / (heads /
+ * kv_heads)); allowed [batch][mask_heads][lq][lk] bytes, nonzero where query i may see key j
+ * (mask_heads 1 or heads), or NULL for all keys; out [batch][lq][heads][d]. */
+int nm_attention(const nm_kernel_row *row, int64_t batch, int64_t heads, int64_t kv_heads,
+                 int64_t lq, int64_t lk, int64_t d, const float *q, const float *k,
+                 const float *v, const uint8_t *allowed, int64_t mask_heads, float scale,
+                 float *out);
+
+/* RMS normalisation of each of `rows` rows of n floats (row i at x + i*ldx, written at
+ * out + i*ldo; out may be x): y = x / sqrt(mean(x^2) + eps), without the weight. */
+int nm_rms_norm(int64_t rows, int64_t n, const float *x, int64_t ldx, float eps, float *out,
+                int64_t ldo);
+
+/* SiLU, x / (1 + e^-x), elementwise over rows x n floats (out may be x). */
+int nm_silu(int64_t rows, int64_t n, const float *x, int64_t ldx, float *out, int64_t ldo);
+
 /* Below this cost (multiply-adds; a gemv's weight counts 4) a call does not wake sleeping
  * pool workers and runs on the caller alone, unless workers are still spinning from the
  * previous call (frame/matmul.c). 0 splits every call big enough to split (tests). */

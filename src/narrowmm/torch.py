@@ -24,11 +24,13 @@ from . import _threads
 from ._api import encode, matmul
 from ._formats import FORMATS, Format, get_format
 from ._linear import Linear as _NumpyLinear
+from ._torch_invariant import check_supported, is_batch_invariant, make_batch_invariant
 from ._weights import PackedWeights, TorchWeights, Weights
 from .providers import resolve
 from .providers.native import core
 
-__all__ = ["Linear", "convert", "converted_layers", "set_num_threads"]
+__all__ = ["Linear", "convert", "converted_layers", "is_batch_invariant", "make_batch_invariant",
+           "set_num_threads"]
 
 _BY_CODE: dict[int, Format] = {f.code: f for f in FORMATS.values()}
 _WIDEN = {torch.bfloat16, torch.float16}
@@ -223,7 +225,8 @@ def _skipped(name: str, skip: Iterable[str]) -> bool:
 
 
 def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
-            skip: Iterable[str] = (), threads: bool | int = True) -> torch.nn.Module:
+            skip: Iterable[str] = (), threads: bool | int = True,
+            batch_invariant: bool = False) -> torch.nn.Module:
     """Replace every ``torch.nn.Linear`` in ``model`` by a :class:`Linear`, in place.
 
     Args:
@@ -233,6 +236,12 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
         pack: store the CPU's packed layout (same bits, faster at small batches).
         skip: module names left alone: a full name (``"encoder.layer.0.output.dense"``) or
             a last part (``"lm_head"``, every module so named).
+
+        batch_invariant: also replace the model's other ops that can change a row's bits
+            with the batch, padding, threads or CPU (attention, RMSNorm, SiLU, the rotary
+            embedding; :func:`make_batch_invariant`), so that every logit of a prompt is the
+            same whatever runs beside it. ``transformers`` Llama-architecture models only;
+            nothing may be skipped. docs/invariance.md lists what it replaces and costs.
 
     Returns:
         ``model``. The converted layers' float parameters are dropped from it (freed unless
@@ -244,6 +253,11 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
     """
     skip = tuple(skip)
     fmt = get_format(format)
+    if batch_invariant and skip:
+        raise ValueError(f"batch_invariant=True needs every linear layer converted, but skip "
+                         f"names {skip}: a torch.nn.Linear's bits change with the batch")
+    if batch_invariant:  # refuse before changing anything
+        check_supported(model, linears_pending=True)
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, torch.nn.Linear) and not _skipped(name, skip)]
     for name, module in targets:
@@ -252,6 +266,8 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
         setattr(parent, child, Linear.from_torch(module, fmt.name, pack=pack))
         module.weight = None  # the float copy goes with the last reference to it
         module.bias = None
+    if batch_invariant:
+        make_batch_invariant(model)
     if threads is not False:
         set_num_threads(None if threads is True else threads)
     return model

@@ -1,0 +1,136 @@
+/* narrowmm: scaled dot-product attention whose every output is one fixed chain of operations,
+ * whatever the batch, the padding, the thread count or the ISA row (docs/invariance.md).
+ *
+ * For one query row q (head h of batch entry b) and the keys its mask allows, in ascending
+ * key order j1 < j2 < ... < jn:
+ *   s_j  = fma chain over d ascending of q[d] * k_j[d], from +0.0   (the row's f32 gemv)
+ *   t_j  = s_j * scale;  mx = max_j t_j
+ *   e_j  = nm_expf(t_j - mx)                                          (ops/exact_math.h)
+ *   sum  = ((0 + e_j1) + e_j2) + ... + e_jn                            (float32, in key order)
+ *   acc  = fma chain over the allowed keys ascending of e_j * v_j[d], from +0.0 (f32 gemv)
+ *   out  = acc[d] / sum
+ * A key the mask hides takes no part in any step: not a zero weight, no operation at all. So
+ * padding (in front of the keys, as left padding puts it, or anywhere), the keys of other
+ * batch entries and a query's position in the batch cannot change its result; a query with
+ * no visible key gets zeros.
+ *
+ * The two products are the kernel row's f32 gemv, whose chains every row computes with the
+ * same bits; threads take whole (batch entry, key/value head) tasks. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/narrowmm.h"
+#include "../frame/threads.h"
+#include "exact_math.h"
+
+typedef struct attention_job {
+    const nm_kernel_row *row;
+    int64_t batch, heads, kv_heads, lq, lk, d, mask_heads;
+    const float *q, *k, *v;
+    const uint8_t *allowed;
+    float scale;
+    float *out;
+    atomic_int failed;
+} attention_job;
+
+/* One query row against the keys of its (batch entry, kv head), whose transpose kt (d x lk)
+ * the caller built. Buffers: s and e of lk floats, gather of lk * d floats, acc of d. */
+static void attend_row(const attention_job *job, const float *qi, const float *kt,
+                       const float *vb, const uint8_t *mask_row, float *s, float *e,
+                       float *gather, float *acc, float *o) {
+    const int64_t lk = job->lk, d = job->d;
+    int64_t lo = 0, hi = lk, count = lk;
+    if (mask_row) {
+        while (lo < lk && !mask_row[lo]) ++lo;
+        while (hi > lo && !mask_row[hi - 1]) --hi;
+        count = 0;
+        for (int64_t j = lo; j < hi; ++j) count += mask_row[j] != 0;
+    }
+    if (count == 0) {
+        memset(o, 0, (size_t)d * sizeof(float));
+        return;
+    }
+    const int64_t span = hi - lo;
+    memset(s, 0, (size_t)span * sizeof(float));
+    job->row->gemv[NM_FMT_F32](d, span, qi, (const uint8_t *)(kt + lo), lk * 4, s);
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < span; ++j) {
+        if (mask_row && !mask_row[lo + j]) continue;
+        s[j] = s[j] * job->scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    const int holes = count != span;
+    float sum = 0.0f;
+    int64_t c = 0;
+    for (int64_t j = 0; j < span; ++j) {
+        if (mask_row && !mask_row[lo + j]) continue;
+        e[c] = nm_expf(s[j] - mx);
+        sum += e[c];
+        if (holes) memcpy(gather + c * d, vb + (lo + j) * d, (size_t)d * sizeof(float));
+        ++c;
+    }
+    memset(acc, 0, (size_t)d * sizeof(float));
+    job->row->gemv[NM_FMT_F32](count, d, e, (const uint8_t *)(holes ? gather : vb + lo * d),
+                               d * 4, acc);
+    for (int64_t x = 0; x < d; ++x) o[x] = acc[x] / sum;
+}
+
+static void attention_part(void *ctx, int part, int parts) {
+    attention_job *job = ctx;
+    const int64_t tasks = job->batch * job->kv_heads;
+    const int64_t t0 = tasks * part / parts, t1 = tasks * (part + 1) / parts;
+    if (t0 == t1) return;
+    const int64_t lk = job->lk, d = job->d, lq = job->lq;
+    const int64_t group = job->heads / job->kv_heads;
+    /* kt (d x lk), s and e (lk each), gather (lk x d), acc (d) */
+    float *buf = malloc((size_t)(2 * d * lk + 2 * lk + d) * sizeof(float));
+    if (!buf) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    float *kt = buf, *s = kt + d * lk, *e = s + lk, *gather = e + lk, *acc = gather + lk * d;
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / job->kv_heads, g = t % job->kv_heads;
+        const float *kb = job->k + (b * job->kv_heads + g) * lk * d;
+        const float *vb = job->v + (b * job->kv_heads + g) * lk * d;
+        for (int64_t j = 0; j < lk; ++j)
+            for (int64_t x = 0; x < d; ++x) kt[x * lk + j] = kb[j * d + x];
+        for (int64_t r = 0; r < group; ++r) {
+            const int64_t h = g * group + r;
+            for (int64_t i = 0; i < lq; ++i) {
+                const float *qi = job->q + ((b * job->heads + h) * lq + i) * d;
+                const uint8_t *mask_row = NULL;
+                if (job->allowed) {
+                    const int64_t mh = job->mask_heads > 1 ? h : 0;
+                    mask_row = job->allowed + ((b * job->mask_heads + mh) * lq + i) * lk;
+                }
+                float *o = job->out + ((b * lq + i) * job->heads + h) * d;
+                attend_row(job, qi, kt, vb, mask_row, s, e, gather, acc, o);
+            }
+        }
+    }
+    free(buf);
+}
+
+int nm_attention(const nm_kernel_row *row, int64_t batch, int64_t heads, int64_t kv_heads,
+                 int64_t lq, int64_t lk, int64_t d, const float *q, const float *k,
+                 const float *v, const uint8_t *allowed, int64_t mask_heads, float scale,
+                 float *out) {
+    if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads || lq < 0 || lk < 0 ||
+        d < 1 || (allowed && mask_heads != 1 && mask_heads != heads))
+        return NM_EINVAL;
+    if (batch == 0 || lq == 0) return NM_OK;
+    attention_job job = {row, batch, heads, kv_heads, lq, lk, d, mask_heads, q, k, v,
+                         allowed, scale, out, 0};
+    const int64_t tasks = batch * kv_heads;
+    const double cost = 2.0 * (double)batch * (double)heads * (double)lq * (double)lk * (double)d;
+    int parts = 1;
+    if (nm_worth_waking(cost)) {
+        const int threads = nm_get_num_threads();
+        parts = tasks < threads ? (int)tasks : threads;
+    }
+    nm_parallel_run(attention_part, &job, parts);
+    return atomic_load(&job.failed) ? NM_ENOMEM : NM_OK;
+}

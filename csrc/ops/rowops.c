@@ -1,0 +1,76 @@
+/* narrowmm: the row-wise model ops with one fixed order of operations per element or row,
+ * so a row's result never depends on the other rows, the thread count or the ISA row.
+ * Plain C compiled once with contraction off (no intrinsics): every build computes the same
+ * IEEE operations in the same order. Threads take whole rows. */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "../include/narrowmm.h"
+#include "../frame/threads.h"
+#include "exact_math.h"
+
+typedef struct rows_job {
+    int op; /* 0: rms_norm, 1: silu */
+    int64_t rows, n;
+    const float *x;
+    int64_t ldx;
+    float eps;
+    float *out;
+    int64_t ldo;
+} rows_job;
+
+/* y = x / sqrt(mean(x^2) + eps): the squares are summed in double in ascending order (each
+ * float product is exact in double), the mean rounded once to float32, then
+ * r = 1 / sqrtf(mean + eps) and y[p] = x[p] * r in float32, as PyTorch's RMSNorm rounds. */
+static void rms_norm_row(int64_t n, const float *x, float eps, float *y) {
+    double squares = 0.0;
+    for (int64_t p = 0; p < n; ++p) squares += (double)x[p] * (double)x[p];
+    const float mean = (float)(squares / (double)n);
+    const float r = 1.0f / sqrtf(mean + eps);
+    for (int64_t p = 0; p < n; ++p) y[p] = x[p] * r;
+}
+
+static void silu_row(int64_t n, const float *x, float *y) {
+    for (int64_t p = 0; p < n; ++p) y[p] = nm_silu_value(x[p]);
+}
+
+static void rows_part(void *ctx, int part, int parts) {
+    const rows_job *job = ctx;
+    const int64_t r0 = job->rows * part / parts, r1 = job->rows * (part + 1) / parts;
+    for (int64_t i = r0; i < r1; ++i) {
+        const float *x = job->x + i * job->ldx;
+        float *y = job->out + i * job->ldo;
+        if (job->op == 0)
+            rms_norm_row(job->n, x, job->eps, y);
+        else
+            silu_row(job->n, x, y);
+    }
+}
+
+/* A silu element costs about this many multiply-adds of time (a 13-term polynomial and a
+ * division in double); a norm element two. */
+#define NM_SILU_COST 24.0
+#define NM_NORM_COST 2.0
+
+static int rows_run(rows_job *job, double cost_per_element) {
+    if (job->rows < 0 || job->n < 0) return NM_EINVAL;
+    if (job->rows == 0 || job->n == 0) return NM_OK;
+    int parts = 1;
+    if (nm_worth_waking(cost_per_element * (double)job->rows * (double)job->n)) {
+        const int threads = nm_get_num_threads();
+        parts = job->rows < threads ? (int)job->rows : threads;
+    }
+    nm_parallel_run(rows_part, job, parts);
+    return NM_OK;
+}
+
+int nm_rms_norm(int64_t rows, int64_t n, const float *x, int64_t ldx, float eps, float *out,
+                int64_t ldo) {
+    rows_job job = {0, rows, n, x, ldx, eps, out, ldo};
+    return rows_run(&job, NM_NORM_COST);
+}
+
+int nm_silu(int64_t rows, int64_t n, const float *x, int64_t ldx, float *out, int64_t ldo) {
+    rows_job job = {1, rows, n, x, ldx, 0.0f, out, ldo};
+    return rows_run(&job, NM_SILU_COST);
+}
