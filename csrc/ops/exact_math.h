@@ -3,40 +3,69 @@
  * The model ops (attention's softmax, SiLU) need exp. The C library's expf is not the same
  * function everywhere (glibc picks an FMA variant at load time; other libms round
  * differently) and vector libraries differ from their scalar tails. This one uses only IEEE
- * double +, -, *, floor and ldexp, each correctly rounded, with contraction off (CMake's
- * -ffp-contract=off): every build on every CPU computes the same double, and rounding it to
- * float32 gives the same float. Accuracy: relative error below 2e-16 before the final
+ * double +, -, *, / and integer operations on the bits, each exact or correctly rounded,
+ * with contraction off (CMake's -ffp-contract=off): every build on every CPU computes the
+ * same double, and rounding it to float32 gives the same float. Accuracy: relative error below 2e-16 before the final
  * rounding, so nm_expf is correctly rounded except for float results within about 2e-16 of a
  * rounding boundary (none found against a correctly rounded exp on the float32 inputs
- * tested in tests/test_invariant_ops.py). */
+ * tested in tests/test_model_ops.py). */
 #ifndef NM_EXACT_MATH_H
 #define NM_EXACT_MATH_H
 
 #include <math.h>
+#include <stdint.h>
 
-/* e^x in double: x = k ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^12 (the
- * first term left out is below 2e-16 relative), then the exact scaling by 2^k. */
+/* e^x in double: x = k ln2 + r with k the integer nearest x / ln2 (ties to even) and
+ * |r| <= ln2 / 2 + 2^-40, e^r by its Taylor series to r^12 (the first term left out is
+ * below 2e-16 relative), then the exact scaling by 2^k as two powers of two in the normal
+ * range (so a subnormal result is rounded once). x is first clamped to [-746, 710], beyond
+ * which e^x is 0 or inf in double; NaN stays NaN. k comes from the bits of
+ * x / ln2 + 1.5 * 2^52. Written once as a macro over a lane type so that the scalar code and
+ * the two-lane vector code (GNU C vector extensions, SSE2 or Advanced SIMD: no intrinsics)
+ * perform the same IEEE operations on every element. */
+#define NM_EXP_C12 (1.0 / 479001600.0) /* 1/12!: the caller starts p there */
+#define NM_EXP_POLY(p, r)                                                                    \
+    do {                                                                                     \
+        p = p * r + 1.0 / 39916800.0;                                                        \
+        p = p * r + 1.0 / 3628800.0;                                                         \
+        p = p * r + 1.0 / 362880.0;                                                          \
+        p = p * r + 1.0 / 40320.0;                                                           \
+        p = p * r + 1.0 / 5040.0;                                                            \
+        p = p * r + 1.0 / 720.0;                                                             \
+        p = p * r + 1.0 / 120.0;                                                             \
+        p = p * r + 1.0 / 24.0;                                                              \
+        p = p * r + 1.0 / 6.0;                                                               \
+        p = p * r + 0.5;                                                                     \
+        p = p * r + 1.0;                                                                     \
+        p = p * r + 1.0;                                                                     \
+    } while (0)
+
+#define NM_EXP_SHIFTER 6755399441055744.0 /* 1.5 * 2^52 */
+#define NM_LN2_HI 6.93147180369123816490e-01 /* k * LN2_HI is exact for |k| < 2^11 */
+#define NM_LN2_LO 1.90821492927058770002e-10
+#define NM_INV_LN2 1.4426950408889634
+
+static inline double nm_bits_to_double(int64_t i) {
+    union { int64_t i; double d; } u = {i};
+    return u.d;
+}
+
+static inline int64_t nm_double_to_bits(double d) {
+    union { double d; int64_t i; } u = {d};
+    return u.i;
+}
+
 static inline double nm_exp_d(double x) {
     if (x != x) return x;
-    if (x > 709.78) return HUGE_VAL;
-    if (x < -745.2) return 0.0;
-    const double k = floor(x * 1.4426950408889634 + 0.5);
-    /* ln 2 split so that k * LN2_HI is exact for |k| < 2^11 (fdlibm's constants) */
-    const double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
-    double p = 1.0 / 479001600.0;           /* 1/12! */
-    p = p * r + 1.0 / 39916800.0;           /* 1/11! */
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    return ldexp(p, (int)k);
+    const double xc = x < -746.0 ? -746.0 : x > 710.0 ? 710.0 : x;
+    const double t = xc * NM_INV_LN2 + NM_EXP_SHIFTER; /* two roundings: contraction off */
+    const double k = t - NM_EXP_SHIFTER;
+    const int64_t kk = nm_double_to_bits(t) - nm_double_to_bits(NM_EXP_SHIFTER) + 2048;
+    const int64_t k1 = kk >> 1, k2 = kk - k1; /* 2^k = 2^(k1 - 1024) * 2^(k2 - 1024) */
+    const double r = (xc - k * NM_LN2_HI) - k * NM_LN2_LO;
+    double p = NM_EXP_C12;
+    NM_EXP_POLY(p, r);
+    return (p * nm_bits_to_double((k1 - 1) << 52)) * nm_bits_to_double((k2 - 1) << 52);
 }
 
 /* e^x for float32 x, rounded once from nm_exp_d. */
@@ -46,6 +75,49 @@ static inline float nm_expf(float x) { return (float)nm_exp_d((double)x); }
 static inline float nm_silu_value(float x) {
     const double xd = (double)x;
     return (float)(xd / (1.0 + nm_exp_d(-xd)));
+}
+
+#if defined(__GNUC__)
+#define NM_HAVE_VECTOR_EXP 1
+typedef double nm_v2d __attribute__((vector_size(16)));
+typedef int64_t nm_v2i __attribute__((vector_size(16)));
+typedef uint64_t nm_v2u __attribute__((vector_size(16)));
+
+/* nm_exp_d on two lanes: the same operations, selections done with masks. */
+static inline nm_v2d nm_exp_v2d(nm_v2d x) {
+    const nm_v2d lo = {-746.0, -746.0}, hi = {710.0, 710.0};
+    const nm_v2d shifter = {NM_EXP_SHIFTER, NM_EXP_SHIFTER};
+    const nm_v2i below = x < lo, above = x > hi, nan = x != x;
+    nm_v2d xc = (nm_v2d)(((nm_v2i)x & ~below) | ((nm_v2i)lo & below));
+    xc = (nm_v2d)(((nm_v2i)xc & ~above) | ((nm_v2i)hi & above));
+    xc = (nm_v2d)((nm_v2i)xc & ~nan); /* a NaN lane computes on 0 and is put back below */
+    const nm_v2d t = xc * NM_INV_LN2 + shifter;
+    const nm_v2d k = t - shifter;
+    /* k + 2048 is positive: an unsigned shift (SSE2 has no 64-bit arithmetic one) */
+    const nm_v2u kk = (nm_v2u)t - (nm_v2u)shifter + 2048;
+    const nm_v2u k1 = kk >> 1, k2 = kk - k1;
+    const nm_v2d r = (xc - k * NM_LN2_HI) - k * NM_LN2_LO;
+    nm_v2d p = {NM_EXP_C12, NM_EXP_C12};
+    NM_EXP_POLY(p, r);
+    const nm_v2d e = (p * (nm_v2d)((k1 - 1) << 52)) * (nm_v2d)((k2 - 1) << 52);
+    return (nm_v2d)(((nm_v2i)e & ~nan) | ((nm_v2i)x & nan));
+}
+#endif
+
+/* y[i] = nm_silu_value(x[i]) for i < n (y may be x). Eight elements a step: four
+ * independent two-lane chains hide the polynomial's latency. */
+static inline void nm_silu_array(int64_t n, const float *x, float *y) {
+    int64_t i = 0;
+#if defined(NM_HAVE_VECTOR_EXP)
+    const nm_v2d one = {1.0, 1.0};
+    for (; i + 8 <= n; i += 8) {
+        nm_v2d v[4];
+        for (int j = 0; j < 4; ++j) v[j] = (nm_v2d){(double)x[i + 2 * j], (double)x[i + 2 * j + 1]};
+        for (int j = 0; j < 4; ++j) v[j] = v[j] / (one + nm_exp_v2d(-v[j]));
+        for (int j = 0; j < 8; ++j) y[i + j] = (float)v[j / 2][j % 2];
+    }
+#endif
+    for (; i < n; ++i) y[i] = nm_silu_value(x[i]);
 }
 
 #endif

@@ -230,6 +230,58 @@ static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
     }
 }
 
+/* The model ops (ops/): a row and thread count give the scalar row's one-thread bits; a
+ * guard cell after each output is never written; hidden keys hold NaN and change nothing. */
+static void test_model_ops(const nm_kernel_row *row, const nm_kernel_row *ref) {
+    const int64_t batch = 3, heads = 4, kv_heads = 2, lq = 5, lk = 23, d = 40;
+    const int64_t nq = batch * heads * lq * d, nk = batch * kv_heads * lk * d;
+    float *q = xmalloc((size_t)nq * 4), *k = xmalloc((size_t)nk * 4), *v = xmalloc((size_t)nk * 4);
+    float *o_ref = xmalloc((size_t)(nq + 1) * 4), *o_got = xmalloc((size_t)(nq + 1) * 4);
+    uint8_t *allowed = xmalloc((size_t)(batch * lq * lk));
+    for (int64_t i = 0; i < nq; ++i) q[i] = next_float();
+    for (int64_t i = 0; i < nk; ++i) k[i] = next_float(), v[i] = next_float();
+    for (int64_t b = 0; b < batch; ++b) /* left padding of 4b keys, causal, a hole at key 17 */
+        for (int64_t i = 0; i < lq; ++i)
+            for (int64_t j = 0; j < lk; ++j) {
+                const int vis = j >= 4 * b && j <= lk - lq + i && !(b == 2 && j == 17);
+                allowed[(b * lq + i) * lk + j] = (uint8_t)vis;
+                if (j < 4 * b || (b == 2 && j == 17)) /* hidden from every query */
+                    for (int64_t h = 0; h < kv_heads; ++h)
+                        k[((b * kv_heads + h) * lk + j) * d] = NAN, v[((b * kv_heads + h) * lk + j) * d] = NAN;
+            }
+    o_ref[nq] = o_got[nq] = GUARD;
+    nm_set_num_threads(1);
+    int s1 = nm_attention(ref, batch, heads, kv_heads, lq, lk, d, q, k, v, allowed, 1, 0.15f, o_ref);
+    nm_set_num_threads(3);
+    int s2 = nm_attention(row, batch, heads, kv_heads, lq, lk, d, q, k, v, allowed, 1, 0.15f, o_got);
+    long bad = 0, nans = 0;
+    for (int64_t i = 0; i < nq; ++i) bad += !same(o_got[i], o_ref[i]), nans += isnan(o_ref[i]);
+    expect(s1 == NM_OK && s2 == NM_OK && bad == 0 && nans == 0 &&
+               bits_of(o_got[nq]) == bits_of(GUARD),
+           "%s attention: %ld differ from the scalar row, %ld NaN", row->isa, bad, nans);
+    /* the row ops: 3 threads against 1, and in place */
+    const int64_t rows = 7, n = 300;
+    float *x = xmalloc((size_t)(rows * n) * 4), *y1 = xmalloc((size_t)(rows * n + 1) * 4),
+          *y2 = xmalloc((size_t)(rows * n + 1) * 4);
+    for (int64_t i = 0; i < rows * n; ++i) x[i] = 4.0f * next_float();
+    for (int op = 0; op < 2; ++op) {
+        y1[rows * n] = y2[rows * n] = GUARD;
+        nm_set_num_threads(1);
+        if (op == 0) nm_rms_norm(rows, n, x, n, 1e-5f, y1, n);
+        else nm_silu(rows, n, x, n, y1, n);
+        memcpy(y2, x, (size_t)(rows * n) * 4);
+        nm_set_num_threads(3);
+        if (op == 0) nm_rms_norm(rows, n, y2, n, 1e-5f, y2, n);
+        else nm_silu(rows, n, y2, n, y2, n);
+        long diff = 0;
+        for (int64_t i = 0; i < rows * n; ++i) diff += !same(y1[i], y2[i]);
+        expect(diff == 0 && bits_of(y2[rows * n]) == bits_of(GUARD),
+               "%s: %ld elements differ between 1 thread and 3 in place",
+               op == 0 ? "rms_norm" : "silu", diff);
+    }
+    free(q), free(k), free(v), free(o_ref), free(o_got), free(allowed), free(x), free(y1), free(y2);
+}
+
 int main(void) {
     nm_set_wake_min_work(0); /* split every call that can be split: race the pool always */
     nm_kernel_row ref;
@@ -247,6 +299,7 @@ int main(void) {
         test_codecs(&row, &ref);
         test_sweep(&row, &ref);
         test_shapes(&row, &ref);
+        test_model_ops(&row, &ref);
         printf("row %s: %s\n", row.isa, failed == before ? "ok" : "FAILED");
     }
     printf("%ld passed, %ld failed\n", passed, failed);

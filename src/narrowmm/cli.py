@@ -73,10 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "(schema in docs/bench.md)")
     bench.add_argument("--plot", metavar="PATH.png", help="draw the results (needs "
                        "matplotlib)")
-    bench.add_argument("--model", choices=["minilm"],
-                       help="time a whole model instead: all-MiniLM-L6-v2 sentences/s against "
-                            "PyTorch (uses --batch, default 1,32, and --threads, default 1,2; "
-                            "needs the models extra)")
+    bench.add_argument("--model", choices=["minilm", "llama"],
+                       help="time a whole model instead: minilm, all-MiniLM-L6-v2 sentences/s "
+                            "against PyTorch (uses --batch, default 1,32, and --threads, "
+                            "default 1,2; needs the models extra); llama, greedy decode "
+                            "tokens/s of a random Llama against llama.cpp and PyTorch (--batch "
+                            "default 1,8, --threads default 1,2, --size; docs/invariance.md)")
+    bench.add_argument("--size", choices=["1b", "small"],
+                       help="--model llama: Llama-3.2-1B shapes (default) or a small model")
     return parser
 
 
@@ -91,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from ._check import run_checks
 
         return 1 if run_checks() else 0
+    if args.model == "llama":
+        from ._bench_llama import main as llama_main
+
+        return llama_main(args)
     if args.model:
         from ._bench_model import main as model_main
 

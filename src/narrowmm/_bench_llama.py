@@ -1,0 +1,391 @@
+"""``narrowmm bench --model llama``: greedy decode tokens/s of a Llama-architecture model
+against llama.cpp and PyTorch, and where a token's time goes.
+
+The model has Llama-3.2-1B's shapes with a 32,000-entry vocabulary and random bf16 weights
+(``narrowmm.invariance.SIZES["1b"]``; ``--size small`` for a quick look), built from a
+``LlamaConfig``: nothing is downloaded. The systems, all in this one process:
+
+- ``llama.cpp F16`` / ``llama.cpp BF16``: the same weights written as GGUF files with the
+  ``gguf`` package, run by ``llama-cpp-python`` (which builds llama.cpp from source);
+- ``torch f32`` / ``torch bf16``: the ``transformers`` model;
+- ``narrowmm linear``: ``narrowmm.torch.convert(model, "bf16")`` (packed weights), the other
+  ops PyTorch's;
+- ``narrowmm invariant``: ``convert(model, "bf16", batch_invariant=True)``.
+
+A case is (system, threads, batch). A session prefills the prompts (left-padded for a batch;
+not timed), then decodes ``steps`` greedy tokens, each step timed alone: one forward pass
+of one token per sequence with the KV cache, and the argmax. Tokens/s = batch / median
+step. Rounds of every case run in turns (the order rotating), so all systems see the same
+stretch of a drifting machine. Threads: PyTorch systems ``torch.set_num_threads(t)``;
+narrowmm systems ``narrowmm.torch.set_num_threads(t)`` (t narrowmm threads, 1 PyTorch);
+llama.cpp ``n_threads = t``. llama.cpp runs batch 1 only (one sequence per context here).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
+
+
+@dataclass
+class Case:
+    system: str
+    threads: int
+    batch: int
+    step_ms: list[float] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / (statistics.median(self.step_ms) * 1e-3)
+
+
+# ---- llama.cpp ------------------------------------------------------------------------------
+
+def _permute_for_gguf(w: np.ndarray, heads: int) -> np.ndarray:
+    """q/k rows from Hugging Face's rotate-half order to GGUF llama's interleaved pairs, as
+    llama.cpp's convert_hf_to_gguf.py permutes them."""
+    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def write_gguf(model: Any, path: Path, fmt: str) -> None:
+    """``model``'s weights as a llama-architecture GGUF in ``fmt`` ("F16" or "BF16"), with a
+    placeholder vocabulary (token ids are fed directly)."""
+    import gguf
+    import torch
+
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kind = gguf.GGMLQuantizationType[fmt]
+
+    def narrow(t: torch.Tensor) -> np.ndarray:
+        t = t.detach()
+        if fmt == "BF16":
+            return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return t.to(torch.float16).numpy()
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(c.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if fmt == "BF16"
+                    else gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>".encode() for i in range(c.vocab_size)])
+    w.add_token_scores([0.0] * c.vocab_size)
+    w.add_token_types([gguf.TokenType.NORMAL] * c.vocab_size)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    sd = model.state_dict()
+
+    def tensor(name: str, t: torch.Tensor, norm: bool = False, heads: int = 0) -> None:
+        if norm:
+            w.add_tensor(name, t.detach().float().numpy())
+            return
+        data = narrow(t)
+        if heads:
+            data = _permute_for_gguf(data, heads)
+        w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=kind)
+
+    tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        tensor(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"], norm=True)
+        tensor(f"blk.{i}.attn_q.weight", sd[p + "self_attn.q_proj.weight"],
+               heads=c.num_attention_heads)
+        tensor(f"blk.{i}.attn_k.weight", sd[p + "self_attn.k_proj.weight"],
+               heads=c.num_key_value_heads)
+        tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        tensor(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        tensor(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"], norm=True)
+        tensor(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+        tensor(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+        tensor(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+    tensor("output_norm.weight", sd["model.norm.weight"], norm=True)
+    tensor("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+class LlamaCppSession:
+    """One llama.cpp context per thread count on a GGUF file (the weights are mapped once
+    by the OS and shared)."""
+
+    def __init__(self, path: Path, threads: int, n_ctx: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=64, n_threads=threads,
+                         n_threads_batch=threads, logits_all=False, verbose=False)
+
+    def decode(self, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt)
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tokens, times = [token], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            times.append((time.perf_counter() - t0) * 1e3)
+            tokens.append(token)
+        return tokens, times
+
+
+# ---- PyTorch / narrowmm ---------------------------------------------------------------------
+
+def torch_decode(model: Any, prompts: list[list[int]], steps: int,
+                 before_step: Any = None) -> tuple[list[list[int]], list[float]]:
+    """Prefill the left-padded prompts, then ``steps`` greedy steps, each timed
+    (``before_step()`` runs before each, untimed)."""
+    import torch
+    import transformers
+
+    from .invariance import left_padded
+
+    ids, mask, positions = left_padded(prompts)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                    use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens, times = [token], []
+        position = positions[:, -1:]
+        for _ in range(steps):
+            if before_step is not None:
+                before_step()
+            t0 = time.perf_counter()
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            position = position + 1
+            out = model(input_ids=token, attention_mask=mask, position_ids=position,
+                        cache=cache, use_cache=True)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            times.append((time.perf_counter() - t0) * 1e3)
+            tokens.append(token)
+    return torch.cat(tokens, dim=1).tolist(), times
+
+
+def build_torch_systems(base: Any) -> dict[str, Any]:
+    import torch
+
+    import narrowmm.torch as nmt
+
+    systems = {"torch f32": copy.deepcopy(base).to(torch.float32), "torch bf16": base}
+    systems["narrowmm linear"] = nmt.convert(copy.deepcopy(base), "bf16", threads=False)
+    systems["narrowmm invariant"] = nmt.convert(copy.deepcopy(base), "bf16",
+                                                batch_invariant=True, threads=False)
+    gc.collect()
+    return systems
+
+
+def set_threads(system: str, threads: int) -> None:
+    import torch
+
+    import narrowmm.torch as nmt
+
+    if system.startswith("torch"):
+        torch.set_num_threads(threads)
+    elif system.startswith("narrowmm"):
+        nmt.set_num_threads(threads)
+
+
+# ---- where a token's time goes --------------------------------------------------------------
+
+def profile_step(model: Any, prompts: list[list[int]], steps: int) -> dict[str, float]:
+    """Median ms per decode step spent in each part of a narrowmm model: the linear layers,
+    attention (its function only), norms, SiLU, the rotary lookup, and the rest (embedding,
+    residual adds, cache, argmax, transformers' and Python's own work)."""
+
+    import narrowmm.torch as nmt
+
+    from . import _torch_invariant as ti
+
+    spent: dict[str, float] = defaultdict(float)
+    kinds = {nmt.Linear: "linear layers", ti.RMSNorm: "RMS norms", ti.SiLU: "SiLU",
+             ti.RotaryTable: "rotary table"}
+    handles = []
+    for module in model.modules():
+        kind = kinds.get(type(module))
+        if kind is None and type(module).__name__.endswith("RMSNorm"):
+            kind = "RMS norms"
+        if kind is None:
+            continue
+
+        def pre(mod, args, kind=kind):
+            mod._nm_t0 = time.perf_counter()
+
+        def post(mod, args, out, kind=kind):
+            spent[kind] += time.perf_counter() - mod._nm_t0
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    from transformers import AttentionInterface
+
+    name = model.config._attn_implementation
+    original = AttentionInterface._global_mapping.get(name)
+    if original is None:
+        import transformers.integrations.sdpa_attention as sdpa
+
+        original = sdpa.sdpa_attention_forward
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent["attention"] += time.perf_counter() - t0
+
+    AttentionInterface._global_mapping[name] = timed
+    try:
+        per_step = []
+        torch_decode(model, prompts, 1)  # warm-up
+        for _ in range(steps):
+            _, times = torch_decode(model, prompts, 1, before_step=spent.clear)
+            per_step.append({**{k: v * 1e3 for k, v in spent.items()}, "total": times[0]})
+    finally:
+        AttentionInterface._global_mapping[name] = original
+        for h in handles:
+            h.remove()
+    keys = sorted({k for s in per_step for k in s})
+    return {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: int,
+        progress: Any = print) -> tuple[list[Case], dict[str, Any]]:
+    import torch
+
+    from . import invariance as inv
+
+    config = inv.llama_config(size)
+    # batch 1 decodes the first prompt; batch 8 all of them, left-padded
+    prompts = inv.fixed_prompts(config.vocab_size, lengths=PROMPT_LENGTHS)
+    progress(f"building the {size} model (random bf16 weights)...")
+    base = inv.random_llama(config, torch.bfloat16)
+    params = sum(p.numel() for p in base.parameters())
+    info = {"size": size, "parameters": params, "config": config.to_dict()}
+    systems: dict[str, Any] = {}
+    tmp = tempfile.TemporaryDirectory(prefix="narrowmm-bench-llama-")
+    try:
+        import gguf  # noqa: F401
+        import llama_cpp  # noqa: F401
+        have_llama_cpp = True
+    except ImportError as exc:
+        progress(f"llama.cpp not timed ({exc}): pip install llama-cpp-python gguf")
+        have_llama_cpp = False
+    llama_cpp_sessions: dict[tuple[str, int], LlamaCppSession] = {}
+    if have_llama_cpp:
+        for fmt in ("F16", "BF16"):
+            path = Path(tmp.name) / f"model-{fmt.lower()}.gguf"
+            progress(f"writing {path.name}...")
+            write_gguf(base, path, fmt)
+            for t in threads:
+                llama_cpp_sessions[(f"llama.cpp {fmt}", t)] = LlamaCppSession(
+                    path, t, n_ctx=max(PROMPT_LENGTHS) + steps + 8)
+    progress("converting...")
+    systems.update(build_torch_systems(base))
+    names = sorted({s for s, _ in llama_cpp_sessions}) + list(systems)
+    cases = [Case(name, t, b) for b in batches for t in threads for name in names
+             if not (name.startswith("llama.cpp") and b != 1)]
+    for r in range(rounds):
+        for j in range(len(cases)):
+            case = cases[(r + j) % len(cases)]
+            if case.system.startswith("llama.cpp"):
+                tokens, times = llama_cpp_sessions[(case.system, case.threads)].decode(
+                    prompts[0], steps)
+                tokens = [tokens]
+            else:
+                set_threads(case.system, case.threads)
+                tokens, times = torch_decode(systems[case.system], prompts[:case.batch], steps)
+            time.sleep(0.05)  # let PyTorch's OpenMP workers stop spinning
+            case.step_ms += times
+            case.tokens = tokens
+        progress(f"round {r + 1}/{rounds}: " + ", ".join(
+            f"{c.system} t{c.threads} b{c.batch} {c.tokens_per_s:.1f}" for c in cases))
+    info["profile"] = {}
+    for name in ("narrowmm invariant", "narrowmm linear", "torch bf16"):
+        for t in threads:
+            for b in batches:
+                set_threads(name, t)
+                info["profile"][(name, t, b)] = profile_step(systems[name], prompts[:b],
+                                                             max(3, steps // 2))
+    tmp.cleanup()
+    return cases, info
+
+
+def format_report(cases: list[Case], info: dict[str, Any]) -> str:
+    lines = []
+    threads = sorted({c.threads for c in cases})
+    batches = sorted({c.batch for c in cases})
+    names = list(dict.fromkeys(c.system for c in cases))
+    by = {(c.system, c.threads, c.batch): c for c in cases}
+    head = f"{'system':<22}" + "".join(f"{f'b{b} t{t}':>10}" for b in batches for t in threads)
+    lines += ["greedy decode, tokens/s (batch / median step)", head, "-" * len(head)]
+    for name in names:
+        row = f"{name:<22}"
+        for b in batches:
+            for t in threads:
+                c = by.get((name, t, b))
+                row += f"{c.tokens_per_s:>10.2f}" if c else f"{'-':>10}"
+        lines.append(row)
+    lines.append("")
+    for t in threads:
+        inv = by.get(("narrowmm invariant", t, 1))
+        lin = by.get(("narrowmm linear", t, 1))
+        cpp = [by[(n, t, 1)] for n in names if n.startswith("llama.cpp") and (n, t, 1) in by]
+        if inv and cpp:
+            best = max(cpp, key=lambda c: c.tokens_per_s)
+            lines.append(f"threads {t}: narrowmm invariant / best llama.cpp ({best.system}) = "
+                         f"{inv.tokens_per_s / best.tokens_per_s:.2f}x")
+        if inv and lin:
+            lines.append(f"threads {t}: invariant costs "
+                         f"{(1 - inv.tokens_per_s / lin.tokens_per_s) * 100:+.1f} % against "
+                         f"linear-only (batch 1)")
+        b8 = by.get(("narrowmm invariant", t, max(batches)))
+        if inv and b8 and max(batches) > 1:
+            lines.append(f"threads {t}: narrowmm invariant batch {max(batches)} / batch 1 = "
+                         f"{b8.tokens_per_s / inv.tokens_per_s:.2f}x tokens/s")
+    lines += ["", "where a decode step's time goes (median ms per step)"]
+    for (name, t, b), parts in info.get("profile", {}).items():
+        total = parts.get("total", 0.0)
+        known = sum(v for k, v in parts.items() if k != "total")
+        shown = ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items()) if k != "total")
+        lines.append(f"  {name} t{t} b{b}: total {total:.1f} = {shown}, "
+                     f"rest {total - known:.1f}")
+    return "\n".join(lines)
+
+
+def main(args: Any) -> int:
+    size = getattr(args, "size", None) or "1b"
+    threads = args.threads or [1, 2]
+    batches = args.batch or [1, 8]
+    rounds, steps = (1, 4) if args.quick else (3, 16)
+    t0 = time.perf_counter()
+    cases, info = run(size, threads, batches, rounds, steps)
+    print()
+    print(f"Llama-architecture model, {size} shapes ({info['parameters'] / 1e9:.2f} billion "
+          f"parameters, random bf16 weights), {steps} decode steps x {rounds} rounds")
+    print(format_report(cases, info))
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return 0
