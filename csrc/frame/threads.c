@@ -25,6 +25,8 @@ void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
 void nm_set_num_threads(int n) { (void)n; }
 int nm_get_num_threads(void) { return atomic_load(&num_threads); }
 int nm_pool_awake(void) { return 0; }
+void nm_set_spin_ns(int64_t ns) { (void)ns; }
+int64_t nm_get_spin_ns(void) { return 0; }
 long nm_parallel_jobs(void) { return 0; }
 #else
 #include <pthread.h>
@@ -32,6 +34,14 @@ long nm_parallel_jobs(void) { return 0; }
 #include <string.h>
 
 #define NM_SPIN_NS 50000L
+
+/* How long a worker spins after a job (nm_set_spin_ns); the caller's wait for its helpers
+ * always spins NM_SPIN_NS. */
+static _Atomic int64_t worker_spin_ns = NM_SPIN_NS;
+
+void nm_set_spin_ns(int64_t ns) { atomic_store(&worker_spin_ns, ns < 0 ? 0 : ns); }
+
+int64_t nm_get_spin_ns(void) { return atomic_load(&worker_spin_ns); }
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -98,7 +108,7 @@ static void *worker_main(void *arg) {
         if (atomic_load(&pool.generation) == seen) {
             pthread_mutex_unlock(&pool.lock);
             atomic_fetch_add(&pool.spinning, 1);
-            const int64_t until = now_ns() + NM_SPIN_NS;
+            const int64_t until = now_ns() + atomic_load(&worker_spin_ns);
             while (atomic_load(&pool.generation) == seen && keep_spinning(until)) continue;
             atomic_fetch_sub(&pool.spinning, 1);
             pthread_mutex_lock(&pool.lock);

@@ -2,6 +2,8 @@
 #ifndef NM_THREADS_H
 #define NM_THREADS_H
 
+#include <stdint.h>
+
 /* A task is called once for each part in [0, parts); parts run concurrently. */
 typedef void (*nm_task_fn)(void *ctx, int part, int parts);
 
@@ -13,6 +15,13 @@ void nm_parallel_run(nm_task_fn fn, void *ctx, int parts);
 /* Threads a call may use (the caller included); clamped to [1, NM_MAX_THREADS]. */
 void nm_set_num_threads(int n);
 int nm_get_num_threads(void);
+
+/* How long (ns) a worker spins after a job before it sleeps; default 50 us. Inside a model
+ * run by narrowmm.torch the framework's work between two layers outlasts 50 us, so the
+ * workers would sleep between layers and every layer would pay to wake them: a longer spin
+ * keeps them awake through a forward pass (the cores are narrowmm's there anyway). */
+void nm_set_spin_ns(int64_t ns);
+int64_t nm_get_spin_ns(void);
 
 /* Whether a worker is spinning after its last job (waking it costs nothing now). */
 int nm_pool_awake(void);

@@ -590,6 +590,24 @@ static PyObject *py_get_wake_min_work(PyObject *self, PyObject *noargs) {
     return PyLong_FromLongLong((long long)nm_get_wake_min_work());
 }
 
+static PyObject *py_set_spin_ns(PyObject *self, PyObject *arg) {
+    (void)self;
+    const long long ns = PyLong_AsLongLong(arg);
+    if (ns == -1 && PyErr_Occurred()) return NULL;
+    if (ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "the spin time must be >= 0 ns");
+        return NULL;
+    }
+    nm_set_spin_ns((int64_t)ns);
+    return Py_NewRef(Py_None);
+}
+
+static PyObject *py_get_spin_ns(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)nm_get_spin_ns());
+}
+
 static PyObject *py_parallel_jobs(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -793,6 +811,8 @@ static PyMethodDef methods[] = {
      "Cost (multiply-adds) below which a call does not wake sleeping workers."},
     {"get_wake_min_work", py_get_wake_min_work, METH_NOARGS, "See set_wake_min_work."},
     {"parallel_jobs", py_parallel_jobs, METH_NOARGS, "Jobs split across threads so far."},
+    {"set_spin_ns", py_set_spin_ns, METH_O, "How long a worker spins after a job (ns)."},
+    {"get_spin_ns", py_get_spin_ns, METH_NOARGS, "See set_spin_ns."},
     {NULL, NULL, 0, NULL},
 };
 

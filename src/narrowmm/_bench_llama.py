@@ -12,6 +12,10 @@ The model has Llama-3.2-1B's shapes with a 32,000-entry vocabulary and random bf
   ops PyTorch's;
 - ``narrowmm invariant``: ``convert(model, "bf16", batch_invariant=True)``.
 
+Both narrowmm systems keep bf16 weights and run float32 activations (``model.float()``
+after ``convert``: the embedding and norm weights are widened exactly, narrowmm's weights
+stay bf16), as llama.cpp does with F16 / BF16 weights.
+
 A case is (system, threads, batch). A session prefills the prompts (left-padded for a batch;
 not timed), then decodes ``steps`` greedy tokens, each step timed alone: one forward pass
 of one token per sequence with the KV cache, and the argmax. Tokens/s = batch / median
@@ -192,9 +196,11 @@ def build_torch_systems(base: Any) -> dict[str, Any]:
     import narrowmm.torch as nmt
 
     systems = {"torch f32": copy.deepcopy(base).to(torch.float32), "torch bf16": base}
-    systems["narrowmm linear"] = nmt.convert(copy.deepcopy(base), "bf16", threads=False)
+    # bf16 weights, float32 activations (as llama.cpp computes): .float() after convert
+    # widens the embedding and norm weights exactly and leaves narrowmm's weights as they are
+    systems["narrowmm linear"] = nmt.convert(copy.deepcopy(base), "bf16", threads=False).float()
     systems["narrowmm invariant"] = nmt.convert(copy.deepcopy(base), "bf16",
-                                                batch_invariant=True, threads=False)
+                                                batch_invariant=True, threads=False).float()
     gc.collect()
     return systems
 
@@ -221,7 +227,7 @@ def profile_step(model: Any, prompts: list[list[int]], steps: int) -> dict[str, 
 
     from . import _torch_invariant as ti
 
-    spent: dict[str, float] = defaultdict(float)
+    steps_spent: list[dict[str, float]] = [defaultdict(float)]  # [0]: the prefill
     kinds = {nmt.Linear: "linear layers", ti.RMSNorm: "RMS norms", ti.SiLU: "SiLU",
              ti.RotaryTable: "rotary table"}
     handles = []
@@ -236,7 +242,7 @@ def profile_step(model: Any, prompts: list[list[int]], steps: int) -> dict[str, 
             mod._nm_t0 = time.perf_counter()
 
         def post(mod, args, out, kind=kind):
-            spent[kind] += time.perf_counter() - mod._nm_t0
+            steps_spent[-1][kind] += time.perf_counter() - mod._nm_t0
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     from transformers import AttentionInterface
@@ -253,19 +259,18 @@ def profile_step(model: Any, prompts: list[list[int]], steps: int) -> dict[str, 
         try:
             return original(*args, **kwargs)
         finally:
-            spent["attention"] += time.perf_counter() - t0
+            steps_spent[-1]["attention"] += time.perf_counter() - t0
 
     AttentionInterface._global_mapping[name] = timed
-    try:
-        per_step = []
-        torch_decode(model, prompts, 1)  # warm-up
-        for _ in range(steps):
-            _, times = torch_decode(model, prompts, 1, before_step=spent.clear)
-            per_step.append({**{k: v * 1e3 for k, v in spent.items()}, "total": times[0]})
+    try:  # one prefill, then `steps` decode steps, each with its own tally
+        _, times = torch_decode(model, prompts, steps,
+                                before_step=lambda: steps_spent.append(defaultdict(float)))
     finally:
         AttentionInterface._global_mapping[name] = original
         for h in handles:
             h.remove()
+    per_step = [{**{k: v * 1e3 for k, v in spent.items()}, "total": t}
+                for spent, t in zip(steps_spent[1:], times, strict=True)]
     keys = sorted({k for s in per_step for k in s})
     return {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
 
@@ -324,12 +329,12 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
         progress(f"round {r + 1}/{rounds}: " + ", ".join(
             f"{c.system} t{c.threads} b{c.batch} {c.tokens_per_s:.1f}" for c in cases))
     info["profile"] = {}
-    for name in ("narrowmm invariant", "narrowmm linear", "torch bf16"):
+    for name in ("narrowmm invariant", "narrowmm linear"):
         for t in threads:
             for b in batches:
                 set_threads(name, t)
                 info["profile"][(name, t, b)] = profile_step(systems[name], prompts[:b],
-                                                             max(3, steps // 2))
+                                                             steps)
     tmp.cleanup()
     return cases, info
 

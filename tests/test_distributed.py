@@ -1,0 +1,122 @@
+"""Column-sharded layers on torch.distributed (gloo over loopback, launched with
+torchrun): the logits and greedy tokens of a Llama on 2 and 3 ranks equal one process's
+bit for bit; a rank killed mid-forward makes the others fail with a clear error, in
+bounded time."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import require
+
+torch = require("torch")
+transformers = require("transformers")
+
+import narrowmm.torch as nmt  # noqa: E402
+from narrowmm import invariance as inv  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
+RANK_SCRIPT = Path(__file__).with_name("dist_rank.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback_env() -> dict[str, str]:
+    # loopback only: the rendezvous address and gloo's interface
+    return dict(os.environ, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo",
+                OMP_NUM_THREADS="1")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    config = inv.llama_config("small")
+    model = inv.random_llama(config, torch.bfloat16)
+    path = tmp_path_factory.mktemp("sharded-llama")
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def single_process(checkpoint):
+    """The unsharded model: float32 activations on the checkpoint's bf16 weights."""
+    model = transformers.LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    nmt.convert(model.eval(), "bf16", batch_invariant=True, threads=1)
+    prompts = inv.fixed_prompts(model.config.vocab_size)[:4]
+    return {"digests": [inv.digest(x) for x in inv.prompt_logits(model, prompts)],
+            "tokens": inv.greedy(model, prompts, 6)}
+
+
+def torchrun(checkpoint, world: int, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+               f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
+               f"--master-port={free_port()}", str(RANK_SCRIPT), str(checkpoint),
+               "--out", str(out), *extra]
+    return subprocess.run(command, env=loopback_env(), capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+@pytest.mark.parametrize(("world", "how"), [(2, "load_sharded"), (3, "load_sharded"),
+                                           (2, "shard")])
+def test_sharded_logits_and_tokens_equal_one_process(checkpoint, single_process, world, how,
+                                                     tmp_path):
+    extra = ("--via-shard",) if how == "shard" else ()
+    run = torchrun(checkpoint, world, tmp_path / "out.json", *extra)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["world"] == world
+    assert got["digests"] == single_process["digests"]
+    assert got["tokens"] == single_process["tokens"]
+
+
+def test_a_killed_rank_makes_the_others_fail_in_bounded_time(checkpoint, tmp_path):
+    """Ranks started directly (no torchrun agent to tear the group down): rank 1 kills
+    itself in its 5th sharded layer call; rank 0 must exit with an error naming the
+    all-gather, well within the 20 s gloo timeout given to the group, never hang."""
+    env = loopback_env() | {"WORLD_SIZE": "2", "MASTER_PORT": str(free_port())}
+    procs = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(checkpoint),
+                               "--timeout", "20", "--die-after", "5"],
+                              env=env | {"RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    start = time.monotonic()
+    try:
+        _, err0 = procs[0].communicate(timeout=120)
+        procs[1].wait(timeout=30)
+    finally:
+        for p in procs:
+            p.kill()
+    elapsed = time.monotonic() - start
+    assert procs[1].returncode == -9  # the kill happened
+    assert procs[0].returncode != 0
+    assert "narrowmm sharded layer" in err0 and "all-gather over 2 ranks failed" in err0, \
+        err0[-3000:]
+    assert elapsed < 90, elapsed
+
+
+def test_column_ranges_are_whole_grains_in_order():
+    for n, world in [(11008, 2), (11008, 3), (4096, 8), (128, 3), (1000, 1)]:
+        ranges = nmt.column_ranges(n, world)
+        assert len(ranges) == world and ranges[0][0] == 0 and ranges[-1][1] == n
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        assert all(lo % 96 == 0 for lo, _ in ranges)
+    assert nmt.column_ranges(128, 3) == [(0, 0), (0, 96), (96, 128)]
+
+
+def test_sharding_needs_a_process_group():
+    model = nmt.convert(inv.random_llama(inv.llama_config("small"), torch.bfloat16), "bf16")
+    with pytest.raises(RuntimeError, match=r"initialised torch\.distributed process group"):
+        nmt.shard(model)
+    assert np.all([not isinstance(m, nmt.ShardedLinear) for m in model.modules()])
