@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import narrowmm as nm
+from narrowmm import ops
 from narrowmm.providers.native import core, use_isa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,6 +117,11 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
     vals = rng.standard_normal(64).astype(np.float32)
     c = core()
     bad_out = np.empty((2, 9), np.float32)
+    q = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    kv = rng.standard_normal((1, 1, 5, 4)).astype(np.float32)
+    allowed = rng.random((1, 1, 3, 5)) < 0.7
+    att_out = np.empty((1, 3, 2, 4), np.float32)
+    out2 = np.empty_like(x)
 
     def calls():
         nm.matmul(x, w, out=out)
@@ -124,7 +130,14 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
         nm.decode(bits, "bf16")
         nm.Weights.from_bits(bits, "bf16")
         c.matmul(2, x, bits, out, True)
+        c.attention(q, kv, kv, allowed, 0.5, att_out)
+        c.rms_norm(x, 1e-5, out2)
+        c.silu(x, out2)
         for bad in (lambda: nm.matmul(x.astype(np.float64), w),      # TypeError path
+                    lambda: ops.attention(q, kv, kv, allowed[..., :4], scale=1.0),
+                    lambda: c.silu(x, bad_out),
+                    lambda: c.attention(q, kv, kv, None, 0.5, bad_out),
+                    lambda: c.rms_norm(x, 1e-5, bad_out),
                     lambda: nm.matmul(x, w, out=bad_out),            # ValueError path
                     lambda: c.matmul(2, x, bits, bad_out, False),    # C-level checks
                     lambda: c.matmul(2, "x", bits, out, False),
@@ -134,7 +147,7 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
             except (TypeError, ValueError):
                 pass
 
-    refs = [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out)]
+    refs = [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out, q, kv, allowed)]
     for _ in range(2000):  # warm every cache
         calls()
     gc.collect()
@@ -151,7 +164,7 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
     grown = sum(s.size_diff for s in snap1.compare_to(snap0, "filename") if s.size_diff > 0)
     assert grown < 64 * 1024, f"Python allocations grew by {grown} bytes"
     assert rss1 - rss0 < 8 << 20, f"RSS grew by {(rss1 - rss0) >> 10} KiB"
-    assert [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out)] == refs
+    assert [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out, q, kv, allowed)] == refs
 
 
 def _libasan() -> str | None:
@@ -190,6 +203,7 @@ def test_python_suite_under_a_sanitized_extension(tmp_path):
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
          "-p", "no:warnings", str(ROOT / "tests" / "test_matmul.py"),
          str(ROOT / "tests" / "test_errors.py"), str(ROOT / "tests" / "test_threads.py"),
+         str(ROOT / "tests" / "test_model_ops.py"),
          "-k", "not fork and not env_var and not default_is"],
         capture_output=True, text=True, env=env, timeout=1200, cwd=tmp_path)
     text = done.stdout + done.stderr
