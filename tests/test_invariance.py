@@ -117,3 +117,15 @@ def test_unsupported_models_are_refused_before_any_change():
         nmt.convert(llama, "bf16", skip=("lm_head",), batch_invariant=True)
     with pytest.raises(NotImplementedError, match=r"lm_head: a torch\.nn\.Linear not converted"):
         nmt.make_batch_invariant(nmt.convert(llama, "bf16", skip=("lm_head",)))
+
+
+def test_close_to_pytorch_float32():
+    """Invariance does not cost accuracy: against PyTorch's float32 model on the same
+    (bf16-rounded) weights, logits within 1e-5 of the largest, the same greedy tokens."""
+    reference = inv.random_llama(CONFIG, torch.bfloat16).float()
+    model = nmt.convert(inv.random_llama(CONFIG, torch.bfloat16).float(), "bf16",
+                        batch_invariant=True)
+    for p in PROMPTS:
+        a, b = inv.prompt_logits(reference, [p])[0], inv.prompt_logits(model, [p])[0]
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()), p
+    assert inv.greedy(model, PROMPTS, 8) == inv.greedy(reference, PROMPTS, 8)
