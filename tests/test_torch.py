@@ -15,6 +15,7 @@ from torch_oracle import assert_layers_exact, oracle, recording  # noqa: E402
 
 import narrowmm as nm  # noqa: E402
 import narrowmm.torch as nmt  # noqa: E402
+from narrowmm.providers.native import core  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
@@ -150,6 +151,22 @@ def test_convert_gives_the_cores_to_narrowmm():
     torch.set_num_threads(2)
     nmt.convert(model(), "bf16", threads=False)
     assert torch.get_num_threads() == 2
+
+
+def test_set_num_threads_keeps_workers_spinning_and_info_shows_it(capsys):
+    c = core()
+    before = c.get_spin_ns()
+    try:
+        c.set_spin_ns(50_000)
+        nmt.set_num_threads(2)
+        assert c.get_spin_ns() == nmt.MODEL_SPIN_NS == 2_000_000
+        assert nm.runtime_info()["spin_ns"] == 2_000_000
+        nm.show_runtime()
+        assert "workers spin 2000 us after a call" in capsys.readouterr().out
+        with pytest.raises(ValueError, match=">= 0 ns"):
+            c.set_spin_ns(-1)
+    finally:
+        c.set_spin_ns(before)
 
 
 def test_inference_mode_compile_and_export_see_the_operator():

@@ -62,6 +62,7 @@ def runtime_info() -> dict[str, Any]:
                      for n, s, miss in (c.isa_rows() if c else [])],
         "threads": get_num_threads(),
         "wake_min_work": c.get_wake_min_work() if c else None,
+        "spin_ns": c.get_spin_ns() if c else None,
         "pack_width": c.pack_width() if c else None,
         "provider_forced": forced_provider(),
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
@@ -89,6 +90,9 @@ def show_runtime(as_json: bool = False) -> None:
     wake = info["wake_min_work"]
     rule = (f" (a call under {wake:,} multiply-adds runs on the caller alone while the "
             "workers sleep)" if wake and info["threads"] > 1 else "")
+    spin = info["spin_ns"]
+    if spin is not None and info["threads"] > 1:
+        rule += f"; workers spin {spin / 1000:g} us after a call before they sleep"
     print(f"threads:   {info['threads']}{rule}")
     if info["pack_width"]:
         print(f"packing:   Weights.pack() makes {info['pack_width']}-column slivers for this row")
