@@ -155,3 +155,19 @@ def test_bench_model_minilm_quick():
                    "narrowmm-fp16", "narrowmm-fp16-packed"):
         assert f"\n{system} " in table
     assert "min cos" in table
+
+
+def test_bench_model_llama_quick():
+    """The decode benchmark runs on the small model and reports every system it has, the
+    ratios and where a step's time goes (figures for the 1B model: docs/invariance.md)."""
+    from conftest import require
+
+    require("transformers")
+    out = run_cli("bench", "--model", "llama", "--size", "small", "--quick", "--batch", "1,2",
+                  "--threads", "1")
+    assert out.returncode == 0, out.stderr
+    report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
+    for system in ("torch f32", "torch bf16", "narrowmm linear", "narrowmm invariant"):
+        assert f"\n{system} " in report
+    assert "invariant costs" in report and "batch 2 / batch 1" in report
+    assert "narrowmm invariant t1 b1: total" in report and "linear layers" in report

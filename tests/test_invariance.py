@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import ISAS, require
 
@@ -129,3 +130,33 @@ def test_close_to_pytorch_float32():
         a, b = inv.prompt_logits(reference, [p])[0], inv.prompt_logits(model, [p])[0]
         assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()), p
     assert inv.greedy(model, PROMPTS, 8) == inv.greedy(reference, PROMPTS, 8)
+
+
+def test_gguf_for_the_llama_cpp_peer_holds_the_same_weights(tmp_path):
+    """narrowmm bench --model llama writes the model for llama.cpp: read it back with the
+    gguf package and find every weight, bf16 bit for bit (q and k in GGUF's interleaved
+    rotary order, which undoing the permutation gives back)."""
+    gguf = require("gguf")
+    from narrowmm._bench_llama import _permute_for_gguf, write_gguf
+
+    model = inv.random_llama(CONFIG, torch.bfloat16)
+    path = tmp_path / "m.gguf"
+    write_gguf(model, path, "BF16")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    assert len(tensors) == 2 + 1 + 9 * CONFIG.num_hidden_layers
+    sd = model.state_dict()
+
+    def bits(name):
+        return sd[name].view(torch.int16).numpy().view(np.uint16)
+
+    q = bits("model.layers.1.self_attn.q_proj.weight")
+    def stored(name):  # BF16 tensors come back as their raw bytes
+        return np.ascontiguousarray(tensors[name].data).view(np.uint16)
+
+    got_q = stored("blk.1.attn_q.weight").reshape(q.shape)
+    assert np.array_equal(got_q, _permute_for_gguf(q, CONFIG.num_attention_heads))
+    assert not np.array_equal(got_q, q)  # the permutation is real
+    up = bits("model.layers.3.mlp.up_proj.weight")
+    assert np.array_equal(stored("blk.3.ffn_up.weight").reshape(up.shape), up)
+    norm = sd["model.norm.weight"].float().numpy()
+    assert np.array_equal(np.asarray(tensors["output_norm.weight"].data), norm)
