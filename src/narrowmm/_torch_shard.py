@@ -190,7 +190,8 @@ def load_sharded(model: torch.nn.Module, checkpoint: str | os.PathLike[str],
     then released from the mapping. So N ranks each hold about 1/N of the linear weights.
     Other parameters (embeddings, norms) are read whole on every rank; buffers the
     checkpoint lacks (rotary frequencies) are rebuilt by their module's constructor.
-    ``skip`` names linear layers to leave out (they stay on meta and fail if used).
+    ``skip`` names linear layers (full names) to keep as plain ``nn.Linear``, loaded whole
+    on every rank like the other parameters.
     """
     from .torch import Linear
 
