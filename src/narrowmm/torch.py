@@ -307,7 +307,8 @@ def set_num_threads(n: int | None = None) -> None:
     (:data:`MODEL_SPIN_NS`): between two layers the model's other ops outlast 50 us, the
     workers fell asleep and each layer paid to wake them. Decoding a Llama-3.2-1B-shaped
     model at batch 1 on 2 threads, the linear layers took 69 ms a token instead of 75 (4
-    interleaved runs each, medians; 2-core AMD EPYC). A spinning worker uses a core that
+    interleaved runs each in one process, medians, timed by the per-step profile of
+    ``narrowmm bench --model llama``; 2-core AMD EPYC). A spinning worker uses a core that
     this setting gives to narrowmm anyway.
     """
     count = _threads.available_cpus() if n is None else n
