@@ -121,13 +121,10 @@ class ShardedLinear(torch.nn.Module):
         return out if y.dtype == torch.float32 else out.to(y.dtype)  # exact: y was that dtype
 
     def extra_repr(self) -> str:
-        lo, hi = self.ranges[_rank(self.group)]
+        rank = dist.get_rank(self.group)
+        lo, hi = self.ranges[rank]
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"columns=[{lo}, {hi}) on rank {_rank(self.group)} of {len(self.ranges)}")
-
-
-def _rank(group: dist.ProcessGroup | None) -> int:
-    return dist.get_rank(group)
+                f"columns=[{lo}, {hi}) on rank {rank} of {len(self.ranges)}")
 
 
 def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
