@@ -47,7 +47,8 @@ UNITS = [
 ]
 EMU_MATMUL, EMU_DECODE, EMU_ENCODE, EMU_MATMUL_PACKED = 0, 1, 2, 3
 AVX512_NR = 32  # the avx512 row's sliver width, so its packed layout
-FMT = {"f32": 0, "fp16": 1, "bf16": 2}
+FMT = {"f32": 0, "fp16": 1, "bf16": 2, "e4m3fn": 3, "e5m2": 4}
+SPECIAL = {"e4m3fn": 0x7F, "e5m2": 0x7C}  # the magnitude bits every NaN/Inf code has
 GUARD = 0x7FBADBAD  # a NaN pattern no kernel writes
 
 
@@ -236,3 +237,71 @@ def test_every_weight_pattern_through_the_packed_layout(emulator, m):
     case = packed(matmul_case(rng, "fp16", m, 65536, 1, accumulate=True, threads=2,
                               bits=np.arange(65536, dtype=np.uint16)))
     check_matmul(run(emulator, [case[0]]), [case])
+
+
+def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads: int,
+             finite: bool, pad: int = 0, b_offset: int = 0, bits: np.ndarray | None = None,
+             scales: nm.Scales | None = None, packed_layout: bool = False):
+    """An FP8 job with a random block grid of scales (or the given ones) in the kernels'
+    form, and the scalar row's answer. finite: NaN/Inf codes replaced by zero, and the
+    finite-weights kernels asked for."""
+    ldb = n + pad
+    x = rng.standard_normal((max(m, 1), max(k + pad, 1)), dtype=np.float32)[:m]
+    raw = (rng.integers(0, 256, (k, ldb), dtype=np.uint64).astype(np.uint8) if bits is None
+           else bits.reshape(k, ldb))
+    if finite:
+        raw = np.where((raw & SPECIAL[fmt]) == SPECIAL[fmt], np.uint8(0), raw)
+    if scales is None:
+        bk = int(rng.choice([1, 4, 128, 10**9]))
+        grid = rng.uniform(0.5, 2.0, (max(1, -(-k // bk)), n)).astype(np.float32) * 2.0**-10
+        scales = nm.Scales(grid, (bk if bk <= k else 0, 1))
+    w = nm.Weights.from_bits(np.ascontiguousarray(raw[:, :n]), fmt, scales)
+    window = np.full((m, n + pad), GUARD, dtype=np.uint32).view(np.float32)
+    start = rng.standard_normal((m, n), dtype=np.float32)
+    window[:, :n] = start
+    with use_isa("scalar"):
+        want = start.copy()
+        nm.matmul(np.ascontiguousarray(x[:, :k]), w, out=want, accumulate=accumulate)
+    grid, bk, is_finite = w.kernel_scales(-(-n // 96) * 96)  # whole slivers of every row
+    assert is_finite == finite or not finite
+    job = dict(op=EMU_MATMUL, fmt=FMT[fmt], m=m, n=n, k=k, lda=k + pad, ldb=ldb, ldc=n + pad,
+               accumulate=int(accumulate), threads=threads, a=x.tobytes(), b=raw.tobytes(),
+               c=window.tobytes(), c_size=window.nbytes, b_offset=b_offset, s=grid.tobytes(),
+               s_ld=grid.shape[1], s_bk=bk, s_finite=int(finite))
+    if packed_layout:
+        slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_NR)
+        job = dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0)
+    return job, want, (m, n + pad, n)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("finite", [False, True])
+def test_fp8_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, finite):
+    """Row-major and packed FP8 weights with blocks of scales (1, 4, 128 rows or all of k),
+    on the exact kernels (NaN/Inf codes present) and the finite-weights ones."""
+    rng = np.random.default_rng(30 + FMT[fmt] + 2 * finite)
+    cases = []
+    for m in (1, 2, 3, 9, 17):
+        for n in (1, 15, 16, 17, 31, 32, 33, 65, 97, 200):
+            cases.append(fp8_case(rng, fmt, m, n, int(rng.choice([0, 1, 3, 17, 129, 300])),
+                                  accumulate=bool(rng.integers(2)),
+                                  threads=int(rng.choice([1, 2, 3, 7])), finite=finite,
+                                  pad=int(rng.choice([0, 5])),
+                                  b_offset=int(rng.choice([0, 1, 3])),
+                                  packed_layout=bool(rng.integers(2))))
+    cases.append(fp8_case(rng, fmt, 5, 1100, 300, accumulate=False, threads=7, finite=finite))
+    check_matmul(run(emulator, [c[0] for c in cases]), cases)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+def test_fp8_every_pattern_under_scales_through_every_path(emulator, fmt):
+    """The 256 codes in every column position of a 1024-column row, under four scales (one
+    per 256 columns, a subnormal-making one included), on the gemv (m = 1), the two-row gemv
+    (m = 2) and the tiles (m = 9), row-major and packed."""
+    rng = np.random.default_rng(40 + FMT[fmt])
+    bits = np.tile(np.arange(256, dtype=np.uint8), 4)
+    columns = np.repeat(np.array([1.0, 2.0**-7, 3.3, 1e-38], np.float32), 256)
+    cases = [fp8_case(rng, fmt, m, 1024, 1, accumulate=True, threads=2, finite=False,
+                      bits=bits, scales=nm.Scales.columns(columns), packed_layout=packed)
+             for m in (1, 2, 9) for packed in (False, True)]
+    check_matmul(run(emulator, [c[0] for c in cases]), cases)

@@ -7,8 +7,9 @@ from narrowmm.providers.native import core
 
 
 def test_python_and_c_format_tables_agree():
-    c_table = [(code, name, size) for code, name, size in core().formats()]
-    py_table = [(f.code, f.name, f.itemsize) for f in FORMATS.values()]
+    c_table = list(core().formats())
+    py_table = [(f.code, f.name, f.itemsize, int(f.scaled), f.scale_exponent)
+                for f in FORMATS.values()]
     assert sorted(c_table) == sorted(py_table)
 
 
@@ -23,7 +24,7 @@ def test_aliases(alias, name):
 
 
 def test_unknown_format_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown format 'fp8'.*f32, fp16, bf16"):
+    with pytest.raises(ValueError, match=r"unknown format 'fp8'.*f32, fp16, bf16, e4m3fn, e5m2"):
         get_format("fp8")
     with pytest.raises(TypeError):
         get_format(16)
@@ -31,9 +32,9 @@ def test_unknown_format_names_the_known_ones():
 
 def test_operations_cover_matmul_for_all_and_codecs_for_narrow():
     pairs = {(op, f.name) for op, f in operations()}
-    assert pairs == {("matmul", "f32"), ("matmul", "fp16"), ("matmul", "bf16"),
-                     ("encode", "fp16"), ("encode", "bf16"),
-                     ("decode", "fp16"), ("decode", "bf16")}
+    narrow = ("fp16", "bf16", "e4m3fn", "e5m2")
+    assert pairs == ({("matmul", f) for f in ("f32", *narrow)}
+                     | {(op, f) for op in ("encode", "decode") for f in narrow})
 
 
 def test_f32_has_no_codec():

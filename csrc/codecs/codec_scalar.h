@@ -86,4 +86,73 @@ static inline uint16_t nm_f32_to_bf16(float f) {
     return (uint16_t)((is_nan & quiet) | (~is_nan & rounded));
 }
 
+/* ---- FP8 (OCP 8-bit floating point, as ml_dtypes names them) ---------------------------
+ * e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; S.1111.111 is NaN;
+ *         largest finite 448, smallest subnormal 2^-9.
+ * e5m2:   the top byte of a binary16: bias 15, 2 mantissa bits, infinities and NaNs;
+ *         largest finite 57344, smallest subnormal 2^-16. */
+
+/* The quiet NaN an FP8 NaN decodes to: sign kept, payload dropped (e4m3fn has none). */
+#define NM_F32_QNAN 0x7FC00000u
+
+/* e4m3fn -> binary32, exact. The 7 magnitude bits, shifted into a binary16's exponent and
+ * mantissa fields, are the value / 2^8 (bias 15 against 7; subnormals included, since both
+ * formats' subnormals sit at the bottom of the same field), so one exact binary16 decode and
+ * one exact multiplication by 256 give it; NaN is patched in. */
+static inline float nm_e4m3fn_to_f32(uint8_t q) {
+    uint32_t sign = (uint32_t)(q & 0x80u) << 24;
+    float magnitude = nm_fp16_to_f32((uint16_t)((q & 0x7Fu) << 7)) * 256.0f;
+    uint32_t is_nan = nm_mask((q & 0x7Fu) == 0x7Fu);
+    return nm_bits_f32(sign | (is_nan & NM_F32_QNAN) | (~is_nan & nm_f32_bits(magnitude)));
+}
+
+/* e5m2 -> binary32, exact: it is a binary16 with the low byte zero. A NaN comes back quiet,
+ * keeping its sign and payload, as from binary16. */
+static inline float nm_e5m2_to_f32(uint8_t q) { return nm_fp16_to_f32((uint16_t)(q << 8)); }
+
+/* binary32 -> e4m3fn, round to nearest even (ties to even mantissa, so 464 -> 448). A
+ * magnitude that rounds past 448, and +-Inf, give NaN (ml_dtypes' semantics: the format has
+ * no infinity) or, with saturate, +-448. NaN gives the NaN with the input's sign. */
+static inline uint8_t nm_f32_to_e4m3fn(float f, int saturate) {
+    uint32_t x = nm_f32_bits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t a = x & 0x7FFFFFFFu;
+    /* normal result (2^-6 <= a < 2^9): rebias (0xC4000000 = (7 - 127) << 23) and round the
+     * 20 dropped bits to nearest even; a carry bumps the exponent */
+    uint32_t odd = (a >> 20) & 1u;
+    uint32_t normal = (a + 0xC407FFFFu + odd) >> 20;
+    /* subnormal result: 2^14 has a unit in the last place of 2^-9, the format's step, so
+     * adding it rounds a to a multiple of 2^-9 (nearest even); 8 steps is the smallest
+     * normal, whose code is also 8 */
+    uint32_t subnormal = nm_f32_bits(nm_bits_f32(a) + 16384.0f) - 0x46800000u;
+    uint32_t small = nm_mask(a < 0x3C800000u); /* < 2^-6 */
+    uint32_t r = (small & subnormal) | (~small & normal);
+    uint32_t is_nan = nm_mask(a > 0x7F800000u);
+    /* too big: >= 2^9 (Inf included), or rounded into the NaN code (> 464) */
+    uint32_t over = ~is_nan & nm_mask(a >= 0x44000000u || r > 0x7Eu);
+    uint32_t over_code = saturate ? 0x7Eu : 0x7Fu;
+    r = (is_nan & 0x7Fu) | (over & over_code) | (~is_nan & ~over & r);
+    return (uint8_t)(sign | (r & 0x7Fu));
+}
+
+/* binary32 -> e5m2, round to nearest even; overflow to +-Inf (values >= 61440) or, with
+ * saturate, to +-57344 (Inf too); a NaN becomes the quiet NaN 0x7E with its sign (as in
+ * ml_dtypes: no payload). */
+static inline uint8_t nm_f32_to_e5m2(float f, int saturate) {
+    uint32_t x = nm_f32_bits(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t a = x & 0x7FFFFFFFu;
+    uint32_t odd = (a >> 21) & 1u;
+    uint32_t normal = (a + 0xC80FFFFFu + odd) >> 21; /* 0xC8000000 = (15 - 127) << 23 */
+    /* 2^7 has a unit in the last place of 2^-16, the format's step */
+    uint32_t subnormal = nm_f32_bits(nm_bits_f32(a) + 128.0f) - 0x43000000u;
+    uint32_t small = nm_mask(a < 0x38800000u); /* < 2^-14 */
+    uint32_t r = (small & subnormal) | (~small & normal);
+    uint32_t is_nan = nm_mask(a > 0x7F800000u);
+    uint32_t over = ~is_nan & nm_mask(a >= 0x47800000u || r > 0x7Bu); /* >= 2^16, or Inf */
+    uint32_t over_code = saturate ? 0x7Bu : 0x7Cu;
+    r = (is_nan & 0x7Eu) | (over & over_code) | (~is_nan & ~over & r);
+    return (uint8_t)(sign | (r & 0x7Fu));
+}
+
 #endif

@@ -7,7 +7,11 @@
  * its fma chain and store it back. Storing a float32 partial result and reloading it is
  * exact, so blocking never changes a bit. Threads split the output columns, and the rows
  * when the output is narrow (disjoint C elements either way), never k, so the thread count
- * never changes a bit either. */
+ * never changes a bit either.
+ *
+ * Scales: a scaled format's kernels take the scales of one block of rows of B (nm_scales),
+ * so every k range handed to a kernel stays inside one such block; cutting a chain at a
+ * block's end changes no bit, as above. */
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -16,9 +20,11 @@
 #include "threads.h"
 
 const nm_format_info nm_format_table[NM_FMT_COUNT] = {
-    [NM_FMT_F32] = {"f32", 4},
-    [NM_FMT_FP16] = {"fp16", 2},
-    [NM_FMT_BF16] = {"bf16", 2},
+    [NM_FMT_F32] = {"f32", 4, 0, 0},
+    [NM_FMT_FP16] = {"fp16", 2, 0, 0},
+    [NM_FMT_BF16] = {"bf16", 2, 0, 0},
+    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 120}, /* 127 - 7: the exponent biases apart */
+    [NM_FMT_E5M2] = {"e5m2", 1, 1, 112},     /* 127 - 15 */
 };
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of
@@ -44,6 +50,7 @@ static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 typedef struct matmul_job {
     const nm_kernel_row *row;
     int fmt;
+    int slot; /* the row's matmul slot: fmt, or its finite-weights variant */
     int64_t m, n, k;
     const float *a;
     int64_t lda;
@@ -53,6 +60,7 @@ typedef struct matmul_job {
     int64_t ldc;
     int accumulate;
     int packed; /* B is in the row's sliver-major layout (nm_matmul_packed); ldb unused */
+    const nm_scales *scales; /* NULL for a format without scales */
     int col_parts, row_parts; /* the parts form a row_parts x col_parts grid of C blocks */
     atomic_int failed;        /* a part could not allocate its buffer */
 } matmul_job;
@@ -68,6 +76,20 @@ static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, in
     const int64_t nr = job->row->nr;
     *ldb = nr * itemsize;
     return job->b + ((j / nr) * job->k + p) * nr * itemsize;
+}
+
+/* The scales of columns j.. for rows in the block of row p, or NULL without scales. */
+static const float *scales_at(const matmul_job *job, int64_t p, int64_t j) {
+    const nm_scales *sc = job->scales;
+    return sc ? sc->s + (p / sc->bk) * sc->ld + j : NULL;
+}
+
+/* Where a k range starting at row p must end: at most `len` rows on, and at the end of p's
+ * block of scales. */
+static int64_t k_range_end(const matmul_job *job, int64_t p, int64_t len) {
+    int64_t end = min64(job->k, p + len);
+    if (job->scales) end = min64(end, (p / job->scales->bk + 1) * job->scales->bk);
+    return end;
 }
 
 static void zero_block(int64_t m, int64_t n, float *c, int64_t ldc) {
@@ -100,17 +122,18 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
     const int64_t mr = row->mr, nr = row->nr, ldc = job->ldc;
     int64_t ldb;
     const uint8_t *b_sliver = weights_at(job, pc, jr, &ldb);
+    const float *s = scales_at(job, pc, jr);
     for (int64_t ic = 0; ic < mc; ic += mr) {
         float *c_tile = c_block + ic * ldc + jr;
         const float *c_next = ic + mr < mc ? c_tile + mr * ldc : c_after;
         const float *ap = a_block + ic * kc;
         const int64_t rows = min64(mr, mc - ic);
         if (ic == 0 && w == nr) {
-            row->ukernel_pack[job->fmt](kc, rows, ap, b_sliver, ldb, sliver, c_tile, ldc,
-                                        c_next);
+            row->ukernel_pack[job->slot](kc, rows, ap, b_sliver, ldb, sliver, c_tile, ldc,
+                                        c_next, s);
             continue;
         }
-        if (ic == 0) row->pack[job->fmt](kc, w, b_sliver, ldb, (int)nr, sliver);
+        if (ic == 0) row->pack[job->slot](kc, w, b_sliver, ldb, (int)nr, sliver, s);
         row->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
     }
 }
@@ -150,24 +173,28 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     if (sliver_outer) {
         /* one row block (mc_max = all the rows); k block pc's panels start at pc * mc_pad */
         float *c_block = job->c + i_begin * job->ldc;
-        for (int64_t pc = 0; pc < k; pc += kc_max)
-            pack_a(mc_max, min64(kc_max, k - pc), job->a + i_begin * job->lda + pc, job->lda,
-                   mr, a_panel + pc * mc_pad);
+        for (int64_t pc = 0, pe; pc < k; pc = pe) {
+            pe = k_range_end(job, pc, kc_max);
+            pack_a(mc_max, pe - pc, job->a + i_begin * job->lda + pc, job->lda, mr,
+                   a_panel + pc * mc_pad);
+        }
         for (int64_t jr = j_begin; jr < j_end; jr += nr) {
             const int64_t w = min64(nr, j_end - jr);
-            for (int64_t pc = 0; pc < k; pc += kc_max) {
+            for (int64_t pc = 0, pe; pc < k; pc = pe) {
+                pe = k_range_end(job, pc, kc_max);
                 /* after the bottom tile: this sliver's top in the next k block, or the next
                  * sliver's top */
-                const float *c_after = pc + kc_max < k ? c_block + jr
+                const float *c_after = pe < k ? c_block + jr
                                        : jr + nr < j_end ? c_block + jr + nr
                                                          : NULL;
-                sliver_block(job, pc, min64(kc_max, k - pc), jr, w, a_panel + pc * mc_pad,
-                             mc_max, c_block, sliver, c_after);
+                sliver_block(job, pc, pe - pc, jr, w, a_panel + pc * mc_pad, mc_max, c_block,
+                             sliver, c_after);
             }
         }
     } else {
-        for (int64_t pc = 0; pc < k; pc += kc_max) {
-            const int64_t kc = min64(kc_max, k - pc);
+        for (int64_t pc = 0, pe; pc < k; pc = pe) {
+            pe = k_range_end(job, pc, kc_max);
+            const int64_t kc = pe - pc;
             for (int64_t ic0 = i_begin; ic0 < i_end; ic0 += mc_max) {
                 const int64_t mc = min64(mc_max, i_end - ic0);
                 pack_a(mc, kc, job->a + ic0 * job->lda + pc, job->lda, mr, a_panel);
@@ -213,19 +240,24 @@ static void matmul_part(void *ctx, int part, int parts) {
         /* one or two rows: nothing to amortise, so stream B once, straight, for them all; a
          * tile would leave half its rows empty and read B as one stream of short runs */
         const nm_kernel_row *row = job->row;
-        const int fmt = job->fmt;
-        int64_t ldb;
-        const uint8_t *b = weights_at(job, 0, j0, &ldb);
+        const int slot = job->slot;
         const float *a = job->a + i0 * job->lda;
         float *c = job->c + i0 * job->ldc + j0;
-        if (rows == 1 && job->packed)
-            row->gemv_packed[fmt](job->k, j1 - j0, a, b, c);
-        else if (rows == 1)
-            row->gemv[fmt](job->k, j1 - j0, a, b, ldb, c);
-        else if (job->packed)
-            row->gemv2_packed[fmt](job->k, j1 - j0, a, job->lda, b, c, job->ldc);
-        else
-            row->gemv2[fmt](job->k, j1 - j0, a, job->lda, b, ldb, c, job->ldc);
+        for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) { /* one range per block of scales */
+            p1 = k_range_end(job, p0, job->k);
+            int64_t ldb;
+            const uint8_t *b = weights_at(job, p0, j0, &ldb);
+            const float *s = scales_at(job, p0, j0);
+            if (rows == 1 && job->packed)
+                row->gemv_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, b, c, s);
+            else if (rows == 1)
+                row->gemv[slot](p1 - p0, j1 - j0, a + p0, b, ldb, c, s);
+            else if (job->packed)
+                row->gemv2_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, job->lda, b, c,
+                                       job->ldc, s);
+            else
+                row->gemv2[slot](p1 - p0, j1 - j0, a + p0, job->lda, b, ldb, c, job->ldc, s);
+        }
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
     }
@@ -259,10 +291,18 @@ static int worth_waking(int64_t m, int64_t n, int64_t k) {
 
 static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
                       const float *a, int64_t lda, const uint8_t *b, int64_t ldb, int packed,
-                      float *c, int64_t ldc, int accumulate) {
+                      float *c, int64_t ldc, int accumulate, const nm_scales *scales) {
     if (fmt < 0 || fmt >= NM_FMT_COUNT || m < 0 || n < 0 || k < 0) return NM_EINVAL;
+    /* a scaled format needs its scales, and only it takes them */
+    if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
+    if (scales && (scales->bk <= 0 || scales->ld < n || !scales->s)) return NM_EINVAL;
     if (m == 0 || n == 0) return NM_OK;
-    matmul_job job = {row, fmt, m, n, k, a, lda, b, ldb, c, ldc, accumulate, packed, 1, 1, 0};
+    int slot = fmt;
+    if (scales && scales->finite)
+        slot = fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
+    matmul_job job = {.row = row, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a, .lda = lda,
+                      .b = b, .ldb = ldb, .c = c, .ldc = ldc, .accumulate = accumulate,
+                      .packed = packed, .scales = scales, .col_parts = 1, .row_parts = 1};
     if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK &&
         worth_waking(m, n, k)) {
         /* Columns first: each weight is then decoded by one thread only. When there are
@@ -282,12 +322,12 @@ static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, i
 
 int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
-              int64_t ldc, int accumulate) {
-    return matmul_run(row, fmt, m, n, k, a, lda, b, ldb, 0, c, ldc, accumulate);
+              int64_t ldc, int accumulate, const nm_scales *scales) {
+    return matmul_run(row, fmt, m, n, k, a, lda, b, ldb, 0, c, ldc, accumulate, scales);
 }
 
 int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                     int accumulate) {
-    return matmul_run(row, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate);
+                     int accumulate, const nm_scales *scales) {
+    return matmul_run(row, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate, scales);
 }

@@ -9,13 +9,29 @@
 
 enum nm_status { NM_OK = 0, NM_ENOMEM = -1, NM_EINVAL = -2 };
 
-/* C[m x n] (+)= A[m x k] @ decode(B[k x n]) under the fma-chain contract.
+/* The scales of a scaled format's weights (nm_format_info.scaled), expanded to one float
+ * per column and multiplied by 2^r (r = nm_format_info.scale_exponent, see nm_kernels.h):
+ * weight (p, j) is fl32(decode(B[p][j]) * scale) with s[(p / bk) * ld + j] = scale * 2^r,
+ * so each block of bk rows shares one row of s (bk >= k: one row for all). Every s must be
+ * finite. ld >= n; for packed weights ld >= ceil(n / NR) * NR, the padding columns finite.
+ * finite != 0 promises that no weight is a NaN or Inf code (faster kernels; a broken
+ * promise gives wrong values for those weights, nothing worse). The Python side makes this
+ * form from per-tensor, per-column and 2-D block scales (narrowmm/_scales.py). */
+typedef struct nm_scales {
+    const float *s;
+    int64_t ld;
+    int64_t bk;
+    int finite;
+} nm_scales;
+
+/* C[m x n] (+)= A[m x k] @ W[k x n] under the fma-chain contract, W = decode(B) (times the
+ * scales, for a scaled format: `scales` is NULL exactly for the others).
  * A element (i,p) = a[i*lda + p]; B element (p,j) at b + p*ldb + j*itemsize (bytes);
  * C element (i,j) = c[i*ldc + j]. Without accumulate the block is first set to +0.0.
  * Only the m x n block of C is written. A, B and C must not overlap. */
 int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
-              int64_t ldc, int accumulate);
+              int64_t ldc, int accumulate, const nm_scales *scales);
 
 /* The same product on weights packed for this row (Weights.pack): ceil(n / NR) slivers of
  * NR columns (NR = row->nr), sliver s holding columns [s*NR, s*NR + NR) as k rows of NR
@@ -24,7 +40,7 @@ int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k
  * changes. */
 int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                     int accumulate);
+                     int accumulate, const nm_scales *scales);
 
 /* The model ops (ops/; docs/invariance.md gives each one's fixed order of operations).
  *

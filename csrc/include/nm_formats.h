@@ -1,8 +1,8 @@
 /* narrowmm: the weight formats known to the C core.
  *
  * The codes are shared with the Python format table (narrowmm/_formats.py); the binding
- * exports this list and a test asserts both sides agree. Adding a format (FP8 later) means
- * adding a row here, a codec, and kernel slots; nothing else switches on the format. */
+ * exports this list and a test asserts both sides agree. Adding a format means adding a row
+ * here, a codec, and kernel slots; nothing else switches on the format. */
 #ifndef NM_FORMATS_H
 #define NM_FORMATS_H
 
@@ -10,12 +10,16 @@ enum nm_format {
     NM_FMT_F32 = 0,  /* IEEE binary32, stored as is */
     NM_FMT_FP16 = 1, /* IEEE binary16 */
     NM_FMT_BF16 = 2, /* bfloat16: the high half of a binary32 */
+    NM_FMT_E4M3FN = 3, /* OCP FP8 E4M3 (ml_dtypes float8_e4m3fn): no infinities */
+    NM_FMT_E5M2 = 4,   /* OCP FP8 E5M2 (ml_dtypes float8_e5m2): the top byte of a binary16 */
     NM_FMT_COUNT
 };
 
 typedef struct nm_format_info {
-    const char *name; /* the Python-side name: "f32", "fp16", "bf16" */
+    const char *name; /* the Python-side name: "f32", "fp16", "bf16", "e4m3fn", "e5m2" */
     int itemsize;     /* bytes per stored element */
+    int scaled;       /* weights carry float32 scales (nm_scales); the kernels apply them */
+    int scale_exponent; /* r: a scaled format's kernels take the scales times 2^r (nm_scales) */
 } nm_format_info;
 
 extern const nm_format_info nm_format_table[NM_FMT_COUNT];

@@ -25,6 +25,28 @@ static inline uint16_t nm_load_u16(const uint8_t *p) {
 
 static inline float nm_load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(nm_load_u16(p)); }
 static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_load_u16(p)); }
+/* raw() of one FP8 weight (nm_kernels.h): the exact decode times 2^-r, exact */
+static inline float nm_load1_e4m3fn_raw(const uint8_t *p) {
+    return nm_e4m3fn_to_f32(*p) * 0x1p-120f;
+}
+static inline float nm_load1_e5m2_raw(const uint8_t *p) { return nm_e5m2_to_f32(*p) * 0x1p-112f; }
+
+/* raw() of a finite FP8 code from its byte sign-extended to 32 bits, x: shifted so that the
+ * 7 magnitude bits fill a float32's exponent and mantissa from the mantissa's top (their
+ * exponent field is then the code's, i.e. the value times 2^-r), the sign extension
+ * supplying bit 31, and the bits between cleared. A code of exponent 0 lands on a float32
+ * subnormal of the same scale. The SIMD rows do this lane-wise. */
+#define NM_E4M3FN_RAW_SHIFT 20
+#define NM_E4M3FN_RAW_MASK 0x87FFFFFFu
+#define NM_E5M2_RAW_SHIFT 21
+#define NM_E5M2_RAW_MASK 0x8FFFFFFFu
+
+/* Scales (nm_kernels.h): every template below takes two operations that apply the scales
+ * of the columns at sp to decoded weights, SCV(w, sp) on a vector of them and SC1(x, sp) on
+ * one: NM_UNSCALED for formats without scales (sp is never evaluated: it may be NULL), and
+ * for scaled ones the row's vector multiplication and NM_SCALE1. */
+#define NM_UNSCALED(w, sp) (w)
+#define NM_SCALE1(x, sp) ((x) * *(sp))
 
 /* Packing, written once for every row from its vector load (L lanes; L = 1 for portable C):
  * each row of each nr-wide sliver takes whole vectors while they fit, then single weights,
@@ -32,10 +54,11 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
  * that matters is how fast the few columns of that sliver decode: with the row's own
  * conversion (F16C, FCVTL) rather than the portable bit manipulation.
  *   LOADW(p): L weights at byte address p as float32;  STOREF(p, v): store them (unaligned);
- *   LOAD1(p): one weight. */
-#define NM_DEFINE_PACK(NAME, ITEM, L, LOADW, STOREF, LOAD1)                                  \
+ *   LOAD1(p): one weight;  SCV, SC1: the scales, as above. */
+#define NM_DEFINE_PACK(NAME, ITEM, L, LOADW, STOREF, LOAD1, SCV, SC1)                        \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
-                     float *dst) {                                                           \
+                     float *dst, const float *s) {                                           \
+        (void)s;                                                                             \
         for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                            \
             const int64_t w = nc - j0 < nr ? nc - j0 : nr;                                   \
             float *sliver = dst + (j0 / nr) * kc * nr;                                       \
@@ -43,8 +66,9 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
                 const uint8_t *src = b + p * ldb + (ITEM) * j0;                              \
                 float *out = sliver + p * nr;                                                \
                 int64_t j = 0;                                                               \
-                for (; j + (L) <= w; j += (L)) STOREF(out + j, LOADW(src + (ITEM) * j));     \
-                for (; j < w; ++j) out[j] = LOAD1(src + (ITEM) * j);                         \
+                for (; j + (L) <= w; j += (L))                                               \
+                    STOREF(out + j, SCV(LOADW(src + (ITEM) * j), s + j0 + j));               \
+                for (; j < w; ++j) out[j] = SC1(LOAD1(src + (ITEM) * j), s + j0 + j);        \
                 for (; j < nr; ++j) out[j] = 0.0f;                                           \
             }                                                                                \
         }                                                                                    \
@@ -52,14 +76,14 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
 
 /* The columns j..n-1 a vector gemv step leaves over: rows b0..b3 (weights a[p..p+3]), one
  * fmaf per row, in order. */
-#define NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                            \
+#define NM_GEMV_TAIL4(ITEM, LOAD1, SC1, a, p, b0, b1, b2, b3, c, s, j, n)                    \
     for (; (j) < (n); ++(j)) {                                                               \
         const int64_t o_ = (ITEM) * (j);                                                     \
         float c_ = (c)[j];                                                                   \
-        c_ = fmaf((a)[p], LOAD1((b0) + o_), c_);                                             \
-        c_ = fmaf((a)[(p) + 1], LOAD1((b1) + o_), c_);                                       \
-        c_ = fmaf((a)[(p) + 2], LOAD1((b2) + o_), c_);                                       \
-        c_ = fmaf((a)[(p) + 3], LOAD1((b3) + o_), c_);                                       \
+        c_ = fmaf((a)[p], SC1(LOAD1((b0) + o_), (s) + (j)), c_);                             \
+        c_ = fmaf((a)[(p) + 1], SC1(LOAD1((b1) + o_), (s) + (j)), c_);                       \
+        c_ = fmaf((a)[(p) + 2], SC1(LOAD1((b2) + o_), (s) + (j)), c_);                       \
+        c_ = fmaf((a)[(p) + 3], SC1(LOAD1((b3) + o_), (s) + (j)), c_);                       \
         (c)[j] = c_;                                                                         \
     }
 
@@ -72,16 +96,21 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
  *   SET1(x)           x in every lane;  LOADC(p), STOREC(p, v): unaligned float32 vectors
  *   LOADW(p)          L weights at byte address p, as float32 (exact)
  *   FMA(acc, x, y)    acc + x * y with one rounding
- *   PREFETCH(p)       a hint for byte address p (may be a no-op; never faults) */
-/* one row of B (at bq, vectors w bytes apart) times x, into the four accumulators */
-#define NM_GEMV_ROW4_(FMA, LOADW, bq, w, x)                                                  \
-    (c0 = FMA(c0, x, LOADW(bq)), c1 = FMA(c1, x, LOADW((bq) + (w))),                         \
-     c2 = FMA(c2, x, LOADW((bq) + 2 * (w))), c3 = FMA(c3, x, LOADW((bq) + 3 * (w))))
+ *   PREFETCH(p)       a hint for byte address p (may be a no-op; never faults)
+ *   SCV, SC1          the scales (see above) */
+/* one row of B (at bq, vectors w bytes apart, their scales at sq, L floats apart) times x,
+ * into the four accumulators */
+#define NM_GEMV_ROW4_(FMA, LOADW, SCV, bq, w, sq, x)                                         \
+    (c0 = FMA(c0, x, SCV(LOADW(bq), sq)), c1 = FMA(c1, x, SCV(LOADW((bq) + (w)), (sq) + L_)),  \
+     c2 = FMA(c2, x, SCV(LOADW((bq) + 2 * (w)), (sq) + 2 * L_)),                             \
+     c3 = FMA(c3, x, SCV(LOADW((bq) + 3 * (w)), (sq) + 3 * L_)))
 
 #define NM_DEFINE_GEMV_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,     \
-                            LOAD1)                                                           \
+                            LOAD1, SCV, SC1)                                                 \
     static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
-                     float *c) {                                                             \
+                     float *c, const float *s) {                                             \
+        enum { L_ = (L) };                                                                   \
+        (void)s;                                                                             \
         int64_t p = 0;                                                                       \
         for (; p + 4 <= k; p += 4) {                                                         \
             const VEC a0 = SET1(a[p]), a1 = SET1(a[p + 1]);                                  \
@@ -94,29 +123,31 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
                 const int64_t o = (ITEM) * j, w = (ITEM) * (L);                              \
                 for (int64_t q = 4; q < 8; ++q) /* the next group's rows, same columns */    \
                     for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b0 + q * ldb + o + l);  \
-                NM_GEMV_ROW4_(FMA, LOADW, b0 + o, w, a0);                                    \
-                NM_GEMV_ROW4_(FMA, LOADW, b1 + o, w, a1);                                    \
-                NM_GEMV_ROW4_(FMA, LOADW, b2 + o, w, a2);                                    \
-                NM_GEMV_ROW4_(FMA, LOADW, b3 + o, w, a3);                                    \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b0 + o, w, s + j, a0);                        \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b1 + o, w, s + j, a1);                        \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b2 + o, w, s + j, a2);                        \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b3 + o, w, s + j, a3);                        \
                 STOREC(c + j, c0), STOREC(c + j + (L), c1);                                  \
                 STOREC(c + j + 2 * (L), c2), STOREC(c + j + 3 * (L), c3);                    \
             }                                                                                \
             for (; j + (L) <= n; j += (L)) {                                                 \
                 const int64_t o = (ITEM) * j;                                                \
                 VEC c0 = LOADC(c + j);                                                       \
-                c0 = FMA(c0, a0, LOADW(b0 + o)), c0 = FMA(c0, a1, LOADW(b1 + o));            \
-                c0 = FMA(c0, a2, LOADW(b2 + o)), c0 = FMA(c0, a3, LOADW(b3 + o));            \
+                c0 = FMA(c0, a0, SCV(LOADW(b0 + o), s + j));                                 \
+                c0 = FMA(c0, a1, SCV(LOADW(b1 + o), s + j));                                 \
+                c0 = FMA(c0, a2, SCV(LOADW(b2 + o), s + j));                                 \
+                c0 = FMA(c0, a3, SCV(LOADW(b3 + o), s + j));                                 \
                 STOREC(c + j, c0);                                                           \
             }                                                                                \
-            NM_GEMV_TAIL4(ITEM, LOAD1, a, p, b0, b1, b2, b3, c, j, n)                        \
+            NM_GEMV_TAIL4(ITEM, LOAD1, SC1, a, p, b0, b1, b2, b3, c, s, j, n)                \
         }                                                                                    \
         for (; p < k; ++p) {                                                                 \
             const VEC a0 = SET1(a[p]);                                                       \
             const uint8_t *b0 = b + p * ldb;                                                 \
             int64_t j = 0;                                                                   \
             for (; j + (L) <= n; j += (L))                                                   \
-                STOREC(c + j, FMA(LOADC(c + j), a0, LOADW(b0 + (ITEM) * j)));                \
-            for (; j < n; ++j) c[j] = fmaf(a[p], LOAD1(b0 + (ITEM) * j), c[j]);              \
+                STOREC(c + j, FMA(LOADC(c + j), a0, SCV(LOADW(b0 + (ITEM) * j), s + j)));    \
+            for (; j < n; ++j) c[j] = fmaf(a[p], SC1(LOAD1(b0 + (ITEM) * j), s + j), c[j]);  \
         }                                                                                    \
     }
 
@@ -127,18 +158,22 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
  * for the two rows; 8 accumulators and 6 broadcasts leave a register for the weights on a
  * 16-register ISA (four rows of B a step would not). Single vectors, then scalar fmaf, take
  * the columns left over, and single rows of B the last k % 3. */
-#define NM_GEMV2_ROW_(FMA, LOADW, bq, w, s, t)                                               \
-    (w_ = LOADW(bq), x0 = FMA(x0, s, w_), y0 = FMA(y0, t, w_), w_ = LOADW((bq) + (w)),       \
-     x1 = FMA(x1, s, w_), y1 = FMA(y1, t, w_), w_ = LOADW((bq) + 2 * (w)),                   \
-     x2 = FMA(x2, s, w_), y2 = FMA(y2, t, w_), w_ = LOADW((bq) + 3 * (w)),                   \
+#define NM_GEMV2_ROW_(FMA, LOADW, SCV, bq, w, sq, s, t)                                      \
+    (w_ = SCV(LOADW(bq), sq), x0 = FMA(x0, s, w_), y0 = FMA(y0, t, w_),                      \
+     w_ = SCV(LOADW((bq) + (w)), (sq) + L_), x1 = FMA(x1, s, w_), y1 = FMA(y1, t, w_),       \
+     w_ = SCV(LOADW((bq) + 2 * (w)), (sq) + 2 * L_), x2 = FMA(x2, s, w_),                    \
+     y2 = FMA(y2, t, w_), w_ = SCV(LOADW((bq) + 3 * (w)), (sq) + 3 * L_),                    \
      x3 = FMA(x3, s, w_), y3 = FMA(y3, t, w_))
 
 #define NM_DEFINE_GEMV2_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,    \
-                             LOAD1)                                                          \
+                             LOAD1, SCV, SC1)                                                \
     static inline void NAME##_rows_(int64_t rows, int64_t n, const float *a, const float *a1, \
-                                    const uint8_t *b, int64_t ldb, float *c, float *c1) {    \
+                                    const uint8_t *b, int64_t ldb, float *c, float *c1,     \
+                                    const float *sc) {                                       \
         /* rows (1 or 3, a constant once inlined) rows of B from b, weights a[0..rows) and   \
          * a1[0..rows) */                                                                    \
+        enum { L_ = (L) };                                                                   \
+        (void)sc;                                                                            \
         VEC s[3], t[3];                                                                      \
         _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) s[q] = SET1(a[q]),        \
                                                                    t[q] = SET1(a1[q]);       \
@@ -152,7 +187,7 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
             const int64_t o = (ITEM) * j, w = (ITEM) * (L);                                  \
             _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) { /* + next rows' */ \
                 for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b + (rows + q) * ldb + o + l); \
-                NM_GEMV2_ROW_(FMA, LOADW, b + q * ldb + o, w, s[q], t[q]);                  \
+                NM_GEMV2_ROW_(FMA, LOADW, SCV, b + q * ldb + o, w, sc + j, s[q], t[q]);     \
             }                                                                                \
             STOREC(c + j, x0), STOREC(c + j + (L), x1);                                      \
             STOREC(c + j + 2 * (L), x2), STOREC(c + j + 3 * (L), x3);                        \
@@ -162,7 +197,7 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
         for (; j + (L) <= n; j += (L)) {                                                     \
             VEC x0 = LOADC(c + j), y0 = LOADC(c1 + j);                                       \
             _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) {                     \
-                const VEC w_ = LOADW(b + q * ldb + (ITEM) * j);                              \
+                const VEC w_ = SCV(LOADW(b + q * ldb + (ITEM) * j), sc + j);                 \
                 x0 = FMA(x0, s[q], w_), y0 = FMA(y0, t[q], w_);                              \
             }                                                                                \
             STOREC(c + j, x0), STOREC(c1 + j, y0);                                           \
@@ -170,37 +205,58 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
         for (; j < n; ++j) {                                                                 \
             float x_ = c[j], y_ = c1[j];                                                     \
             for (int64_t q = 0; q < rows; ++q) {                                             \
-                const float w_ = LOAD1(b + q * ldb + (ITEM) * j);                            \
+                const float w_ = SC1(LOAD1(b + q * ldb + (ITEM) * j), sc + j);               \
                 x_ = fmaf(a[q], w_, x_), y_ = fmaf(a1[q], w_, y_);                           \
             }                                                                                \
             c[j] = x_, c1[j] = y_;                                                           \
         }                                                                                    \
     }                                                                                        \
     static void NAME(int64_t k, int64_t n, const float *a, int64_t lda, const uint8_t *b,    \
-                     int64_t ldb, float *c, int64_t ldc) {                                   \
+                     int64_t ldb, float *c, int64_t ldc, const float *s) {                   \
         int64_t p = 0;                                                                       \
         for (; p + 3 <= k; p += 3)                                                           \
-            NAME##_rows_(3, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc);            \
-        for (; p < k; ++p) NAME##_rows_(1, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc); \
+            NAME##_rows_(3, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s);         \
+        for (; p < k; ++p)                                                                   \
+            NAME##_rows_(1, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s);         \
     }
 
-/* Both row-major gemvs for the three formats of a SIMD row, named gemv_<fmt>_<ISA> and
- * gemv2_<fmt>_<ISA>. LOADF32, LOADFP16, LOADBF16: the row's LOADW per format; LOAD1FP16 its
- * single fp16 weight (f32 and bf16 singles are the portable loads). */
+/* Both row-major gemvs for the five formats of a SIMD row, and the finite-weights variants
+ * of the scaled ones, named gemv_<fmt>_<ISA>, gemv_<fmt>_finite_<ISA> and gemv2_... .
+ * LOADF32, LOADFP16, LOADBF16: the row's LOADW per format; LOADE4M3, LOADE5M2: its raw()
+ * of L FP8 weights, exact for every code; LOADE4M3F, LOADE5M2F: the same for finite codes
+ * only; LOAD1FP16 its single fp16 weight (the others' singles are the portable loads);
+ * SCALEV: the row's SCV for the scaled formats. */
 #define NM_DEFINE_ROW_MAJOR_GEMVS(ISA, VEC, L, SET1, LOADC, STOREC, LOADF32, LOADFP16,         \
-                                  LOADBF16, FMA, PREFETCH, LOAD1FP16)                          \
+                                  LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F, FMA,    \
+                                  PREFETCH, LOAD1FP16, SCALEV)                               \
+    NM_DEFINE_GEMV_SIMD(gemv_e4m3fn_finite_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE4M3F,  \
+                        FMA, PREFETCH, nm_load1_e4m3fn_raw, SCALEV, NM_SCALE1)               \
+    NM_DEFINE_GEMV_SIMD(gemv_e5m2_finite_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE5M2F,    \
+                        FMA, PREFETCH, nm_load1_e5m2_raw, SCALEV, NM_SCALE1)                 \
+    NM_DEFINE_GEMV2_SIMD(gemv2_e4m3fn_finite_##ISA, 1, VEC, L, SET1, LOADC, STOREC,          \
+                         LOADE4M3F, FMA, PREFETCH, nm_load1_e4m3fn_raw, SCALEV, NM_SCALE1)   \
+    NM_DEFINE_GEMV2_SIMD(gemv2_e5m2_finite_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE5M2F, \
+                         FMA, PREFETCH, nm_load1_e5m2_raw, SCALEV, NM_SCALE1)                \
     NM_DEFINE_GEMV_SIMD(gemv_f32_##ISA, 4, VEC, L, SET1, LOADC, STOREC, LOADF32, FMA, PREFETCH, \
-                        nm_load1_f32)                                                        \
+                        nm_load1_f32, NM_UNSCALED, NM_UNSCALED)                              \
     NM_DEFINE_GEMV_SIMD(gemv_fp16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADFP16, FMA,      \
-                        PREFETCH, LOAD1FP16)                                                 \
+                        PREFETCH, LOAD1FP16, NM_UNSCALED, NM_UNSCALED)                       \
     NM_DEFINE_GEMV_SIMD(gemv_bf16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADBF16, FMA,      \
-                        PREFETCH, nm_load1_bf16)                                             \
+                        PREFETCH, nm_load1_bf16, NM_UNSCALED, NM_UNSCALED)                   \
+    NM_DEFINE_GEMV_SIMD(gemv_e4m3fn_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE4M3, FMA,    \
+                        PREFETCH, nm_load1_e4m3fn_raw, SCALEV, NM_SCALE1)                        \
+    NM_DEFINE_GEMV_SIMD(gemv_e5m2_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE5M2, FMA,      \
+                        PREFETCH, nm_load1_e5m2_raw, SCALEV, NM_SCALE1)                          \
     NM_DEFINE_GEMV2_SIMD(gemv2_f32_##ISA, 4, VEC, L, SET1, LOADC, STOREC, LOADF32, FMA,      \
-                         PREFETCH, nm_load1_f32)                                             \
+                         PREFETCH, nm_load1_f32, NM_UNSCALED, NM_UNSCALED)                   \
     NM_DEFINE_GEMV2_SIMD(gemv2_fp16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADFP16, FMA,    \
-                         PREFETCH, LOAD1FP16)                                                \
+                         PREFETCH, LOAD1FP16, NM_UNSCALED, NM_UNSCALED)                      \
     NM_DEFINE_GEMV2_SIMD(gemv2_bf16_##ISA, 2, VEC, L, SET1, LOADC, STOREC, LOADBF16, FMA,    \
-                         PREFETCH, nm_load1_bf16)
+                         PREFETCH, nm_load1_bf16, NM_UNSCALED, NM_UNSCALED)                  \
+    NM_DEFINE_GEMV2_SIMD(gemv2_e4m3fn_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE4M3, FMA,  \
+                         PREFETCH, nm_load1_e4m3fn_raw, SCALEV, NM_SCALE1)                       \
+    NM_DEFINE_GEMV2_SIMD(gemv2_e5m2_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE5M2, FMA,    \
+                         PREFETCH, nm_load1_e5m2_raw, SCALEV, NM_SCALE1)
 
 /* The m == 1 and m == 2 products on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn),
  * written once from the row's vector operations: G slivers of NRW columns at a time, for RR
@@ -209,13 +265,14 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
  * once, as G contiguous streams, each weight vector feeding the RR rows' FMAs; then single
  * slivers; the last sliver, narrower than NRW, runs on a zero-padded scratch copy of its C
  * (its padding weights are read, their results dropped). VEC, L, SET1, LOADC, STOREC,
- * LOADW, FMA: as in NM_DEFINE_GEMV_SIMD. */
+ * LOADW, FMA, SCV: as in NM_DEFINE_GEMV_SIMD. */
 #define NM_GEMV_PACKED_SLIVERS_(NAME, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW,  \
-                                FMA)                                                         \
-    static inline void NAME(int64_t k, const float *a, int64_t lda, const uint8_t *b,       \
-                            float *c, int64_t ldc) {                                         \
+                                FMA, SCV)                                                    \
+    static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
+                            const uint8_t *b, float *c, int64_t ldc, const float *s) {      \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
-        const int64_t sliver_ = k * (NRW) * (ITEM);                                          \
+        (void)s;                                                                             \
+        const int64_t sliver_ = ks * (NRW) * (ITEM);                                         \
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
             acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
@@ -225,7 +282,8 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
             _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =              \
                 SET1(a[r_ * lda + p]);                                                       \
             _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                       \
-                const VEC wv_ = LOADW(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L) * (ITEM));  \
+                const VEC wv_ = SCV(LOADW(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L) * (ITEM)), \
+                                    s + w_ / V_ * (NRW) + (w_ % V_) * (L));                  \
                 _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                    \
                     acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ap_[r_], wv_);              \
             }                                                                                \
@@ -235,61 +293,82 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
     }
 
 /* The walk over n columns shared by both: G-sliver groups, single slivers, the padded tail. */
-#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, n, a, lda, b, c, ldc)                \
+#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s)         \
     do {                                                                                     \
-        const int64_t sliver = (k) * (NRW) * (ITEM);                                         \
+        const int64_t sliver = (ks) * (NRW) * (ITEM);                                        \
         int64_t j = 0;                                                                       \
         for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
-            NAME##_group_(k, a, lda, b, (c) + j, ldc);                                       \
+            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL);            \
         for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
-            NAME##_one_(k, a, lda, b, (c) + j, ldc);                                         \
+            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL);              \
         if (j < (n)) {                                                                       \
             _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
             const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
             for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
-            NAME##_one_(k, a, lda, b, tail, NRW);                                            \
+            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) ? (s) + j : NULL);                  \
             for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
     } while (0)
 
-#define NM_DEFINE_GEMV_PACKED(NAME, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW, FMA)   \
+#define NM_DEFINE_GEMV_PACKED(NAME, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW, FMA,   \
+                              SCV)                                                           \
     NM_GEMV_PACKED_SLIVERS_(NAME##_group_, 1, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,     \
-                            LOADW, FMA)                                                      \
+                            LOADW, FMA, SCV)                                                 \
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
-                            LOADW, FMA)                                                      \
-    static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, float *c) {     \
-        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, n, a, 0, b, c, 0);                    \
+                            LOADW, FMA, SCV)                                                 \
+    static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, const uint8_t *b,     \
+                     float *c, const float *s) {                                             \
+        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s);             \
     }
 
 /* m == 2: G2 slivers at a time, chosen so that 2 x G2 x NRW/L accumulators fit the row's
  * registers with the two broadcasts and a weight vector. */
-#define NM_DEFINE_GEMV2_PACKED(NAME, ITEM, VEC, L, NRW, G2, SET1, LOADC, STOREC, LOADW, FMA) \
+#define NM_DEFINE_GEMV2_PACKED(NAME, ITEM, VEC, L, NRW, G2, SET1, LOADC, STOREC, LOADW, FMA, \
+                               SCV)                                                          \
     NM_GEMV_PACKED_SLIVERS_(NAME##_group_, 2, G2, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,    \
-                            LOADW, FMA)                                                      \
+                            LOADW, FMA, SCV)                                                 \
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
-                            LOADW, FMA)                                                      \
-    static void NAME(int64_t k, int64_t n, const float *a, int64_t lda, const uint8_t *b,    \
-                     float *c, int64_t ldc) {                                                \
-        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, n, a, lda, b, c, ldc);               \
+                            LOADW, FMA, SCV)                                                 \
+    static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, int64_t lda,          \
+                     const uint8_t *b, float *c, int64_t ldc, const float *s) {              \
+        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s);        \
     }
 
-/* Both packed gemvs for the three formats of a row, named gemv_packed_<fmt>_<ISA> and
- * gemv2_packed_<fmt>_<ISA>: G slivers at a time for one row, G2 for two. LOADF32, LOADFP16,
- * LOADBF16: the row's LOADW for each format. */
-#define NM_DEFINE_PACKED_GEMVS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, LOADF32, LOADFP16, \
-                               LOADBF16, FMA)                                                \
+/* Both packed gemvs for the five formats of a row and the finite variants, named
+ * gemv_packed_<fmt>_<ISA> and gemv2_packed_<fmt>_<ISA>: G slivers at a time for one row,
+ * G2 for two (G8, G28 for the 8-bit formats). LOADF32 ... LOADE5M2F: the row's LOADW for
+ * each (as in NM_DEFINE_ROW_MAJOR_GEMVS); SCALEV its SCV. */
+#define NM_DEFINE_PACKED_GEMVS(ISA, VEC, L, NRW, G, G2, G8, G28, SET1, LOADC, STOREC, LOADF32, \
+                               LOADFP16, LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F,  \
+                               FMA, SCALEV)                                                  \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_finite_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC,  \
+                          STOREC, LOADE4M3F, FMA, SCALEV)                                    \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_finite_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC,    \
+                          STOREC, LOADE5M2F, FMA, SCALEV)                                    \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_finite_##ISA, 1, VEC, L, NRW, G28, SET1,      \
+                           LOADC, STOREC, LOADE4M3F, FMA, SCALEV)                            \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_finite_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC, \
+                           STOREC, LOADE5M2F, FMA, SCALEV)                                   \
     NM_DEFINE_GEMV_PACKED(gemv_packed_f32_##ISA, 4, VEC, L, NRW, G, SET1, LOADC, STOREC,     \
-                          LOADF32, FMA)                                                      \
+                          LOADF32, FMA, NM_UNSCALED)                                         \
     NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_##ISA, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
-                          LOADFP16, FMA)                                                     \
+                          LOADFP16, FMA, NM_UNSCALED)                                        \
     NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_##ISA, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
-                          LOADBF16, FMA)                                                     \
+                          LOADBF16, FMA, NM_UNSCALED)                                        \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC, \
+                          LOADE4M3, FMA, SCALEV)                                             \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
+                          LOADE5M2, FMA, SCALEV)                                             \
     NM_DEFINE_GEMV2_PACKED(gemv2_packed_f32_##ISA, 4, VEC, L, NRW, G2, SET1, LOADC, STOREC,  \
-                           LOADF32, FMA)                                                     \
+                           LOADF32, FMA, NM_UNSCALED)                                        \
     NM_DEFINE_GEMV2_PACKED(gemv2_packed_fp16_##ISA, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
-                           LOADFP16, FMA)                                                    \
+                           LOADFP16, FMA, NM_UNSCALED)                                       \
     NM_DEFINE_GEMV2_PACKED(gemv2_packed_bf16_##ISA, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
-                           LOADBF16, FMA)
+                           LOADBF16, FMA, NM_UNSCALED)                                       \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC,      \
+                           STOREC, LOADE4M3, FMA, SCALEV)                                    \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC,        \
+                           STOREC, LOADE5M2, FMA, SCALEV)
 
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their
@@ -305,23 +384,23 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
     } while (0)
 
 /* The ukernel_pack slot around a row's fused first tile, TILE(kc, ap, b, ldb, bp, c, ldc,
- * c_next): a full MR-row tile straight on C, a shorter last one on a scratch copy. */
+ * c_next, s): a full MR-row tile straight on C, a shorter last one on a scratch copy. */
 #define NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)                                         \
     static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
-                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
+                     float *bp, float *c, int64_t ldc, const float *c_next, const float *s) { \
         if (mr == MR) {                                                                      \
-            TILE(kc, ap, b, ldb, bp, c, ldc, c_next);                                        \
+            TILE(kc, ap, b, ldb, bp, c, ldc, c_next, s);                                     \
             return;                                                                          \
         }                                                                                    \
-        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next));    \
+        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next, s)); \
     }
 
 /* A ukernel_pack made of the row's own parts, for rows without a fused one: pack the whole
  * sliver, then run the microkernel on it. Same bits; the decode just is not overlapped. */
 #define NM_DEFINE_UKERNEL_PACK_BY_PARTS(NAME, PACK, UKERNEL, NR)                             \
     static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
-                     float *bp, float *c, int64_t ldc, const float *c_next) {                \
-        PACK(kc, (NR), b, ldb, (NR), bp);                                                    \
+                     float *bp, float *c, int64_t ldc, const float *c_next, const float *s) { \
+        PACK(kc, (NR), b, ldb, (NR), bp, s);                                                 \
         UKERNEL(kc, mr, (NR), ap, bp, c, ldc, c_next);                                       \
     }
 
@@ -329,6 +408,16 @@ static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_l
 #define NM_DEFINE_CODEC_LOOP(NAME, IN, OUT, FN)                                              \
     static void NAME(const IN *src, OUT *dst, int64_t n) {                                   \
         for (int64_t i = 0; i < n; ++i) dst[i] = FN(src[i]);                                 \
+    }
+
+/* An 8-bit encoder named NAME over the scalar codec FN(value, saturate); the two loops let
+ * the compiler vectorise each with saturate a constant. */
+#define NM_DEFINE_ENCODE8_LOOP(NAME, FN)                                                     \
+    static void NAME(const float *src, uint8_t *dst, int64_t n, int saturate) {              \
+        if (saturate)                                                                        \
+            for (int64_t i = 0; i < n; ++i) dst[i] = FN(src[i], 1);                          \
+        else                                                                                 \
+            for (int64_t i = 0; i < n; ++i) dst[i] = FN(src[i], 0);                          \
     }
 
 #endif

@@ -17,64 +17,98 @@
 #include <stdint.h>
 #include "nm_formats.h"
 
+/* Scales. A format with scales (nm_format_info.scaled: the FP8 formats) multiplies each
+ * decoded weight by a float32 scale before it enters the chain, one rounding:
+ *     w[p][j] = fl32(decode(B[p][j]) * scale[j])
+ * Every slot below takes `s`, the scales of the columns it is given (s[j] for column j of the
+ * call, j counted like c's), the same for every row p of the call: the frame splits k where
+ * a block of scales ends (nm_matmul). Formats without scales get s == NULL and never read
+ * it. A kernel must apply the multiplication as written, never fold it into a or c.
+ *
+ * The kernels' scales are s[j] = scale[j] * 2^r, r = nm_format_info.scale_exponent (exact:
+ * the caller keeps them finite), and they multiply raw(B[p][j]) = decode(B[p][j]) * 2^-r
+ * (exact too; NaN and Inf stay as they are). raw() of a finite code is a few integer
+ * operations on its bits (the sign and the magnitude moved into a float32's fields, the
+ * subnormals landing on float32 subnormals), so
+ *     w[p][j] = fl32(raw(B[p][j]) * s[j])
+ * is the same number rounded once, without a decode table or a rebias multiply. */
+
+/* The matmul slots of a row: one per format, then, for each scaled format, one for weights
+ * known to hold no NaN or Inf code (nm_scales.finite), whose raw() may skip those cases. A
+ * row without a faster decode fills them with its exact kernels. */
+enum {
+    NM_SLOT_E4M3FN_FINITE = NM_FMT_COUNT,
+    NM_SLOT_E5M2_FINITE,
+    NM_MATMUL_SLOTS
+};
+
 /* m == 1 streaming product over a column range:
- *     c[j] = fma(a[p], decode(B[p][j]), c[j])   for p = 0..k-1, j = 0..n-1
+ *     c[j] = fma(a[p], w[p][j], c[j])   for p = 0..k-1, j = 0..n-1
  * B element (p, j) is the itemsize bytes at b + p*ldb + j*itemsize (ldb in bytes; b needs
  * no alignment). a and c are float-aligned; c holds the chain's starting values. */
 typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
-                           int64_t ldb, float *c);
+                           int64_t ldb, float *c, const float *s);
 
 /* m == 2, row-major: the gemv chains for two rows at once, row r of A at a + r*lda and of C
  * at c + r*ldc (float strides). Each weight is read once for both rows. */
 typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
-                            const uint8_t *b, int64_t ldb, float *c, int64_t ldc);
+                            const uint8_t *b, int64_t ldb, float *c, int64_t ldc,
+                            const float *s);
 
 /* m == 1 on packed weights (the row's sliver-major layout, see nm_matmul_packed): the same
- * chains as gemv over columns 0..n-1 of the slivers starting at b, sliver s holding its k
- * rows of NR weights at b + s*k*NR*itemsize + p*NR*itemsize (NR of the including row).
- * Columns of the last sliver past n are read (they are zero) but C past n is not touched.
- * Walking a few slivers at a time keeps their accumulators in registers for all of k and
- * reads a few long contiguous streams, which the hardware prefetchers follow. */
-typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
-                                  float *c);
+ * chains as gemv over columns 0..n-1 of the slivers starting at b, sliver t holding rows of
+ * NR weights, ks rows apart from one sliver to the next (ks >= k: the call may start part
+ * way down the slivers), row p of sliver t at b + (t*ks + p)*NR*itemsize (NR of the
+ * including row). Columns of the last sliver past n are read (they are zero; s is padded
+ * there too) but C past n is not touched. Walking a few slivers at a time keeps their
+ * accumulators in registers for all of k and reads a few long contiguous streams, which the
+ * hardware prefetchers follow. */
+typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
+                                  const uint8_t *b, float *c, const float *s);
 
 /* m == 2 on packed weights: the gemv_packed chains for two rows at once, row r of A at
  * a + r*lda and of C at c + r*ldc (float strides). Each weight is read once for both rows,
  * so two rows cost about what one does when the weights come from DRAM. */
-typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
-                                   const uint8_t *b, float *c, int64_t ldc);
+typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
+                                   int64_t lda, const uint8_t *b, float *c, int64_t ldc,
+                                   const float *s);
 
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
- *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = decode(B[p][j])
+ *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
  * only for a sliver narrower than NR (at most one per k block and thread: column ranges are
  * whole grains); whole slivers are decoded by ukernel_pack below. */
 typedef void (*nm_pack_fn)(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,
-                           float *dst);
+                           float *dst, const float *s);
 
 /* Register-blocked microkernel on one mr x nr tile of C (mr <= MR, nr <= NR of its row):
  *     c[i*ldc + j] = fma(ap[p*MR + i], bp[p*NR + j], c[i*ldc + j])  for p = 0..kc-1
  * ap is a packed A micro-panel (kc steps of MR floats, rows past mr are zero, 64-byte
- * aligned); bp is one packed sliver (kc rows of NR floats, 64-byte aligned). Only the
- * mr x nr elements of C are read or written. c_next is a hint: the C tile the frame
+ * aligned); bp is one packed sliver (kc rows of NR floats, 64-byte aligned, already scaled).
+ * Only the mr x nr elements of C are read or written. c_next is a hint: the C tile the frame
  * computes next (same ldc), or NULL; a row may prefetch it, never dereference it. */
 typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *ap,
                               const float *bp, float *c, int64_t ldc, const float *c_next);
 
 /* The microkernel that also packs: the first tile of a whole sliver (NR columns) reads B
- * straight from the weights, decodes each row once, writes it to bp (as pack would, so the
- * tiles below reuse it) and applies it to the tile with the same fma chain as ukernel:
- *     bp[p*NR + j] = decode(B[p][j]);  c[i*ldc + j] = fma(ap[p*MR + i], bp[p*NR + j], c[...])
+ * straight from the weights, decodes (and scales) each row once, writes it to bp (as pack
+ * would, so the tiles below reuse it) and applies it to the tile with the same fma chain as
+ * ukernel:
+ *     bp[p*NR + j] = w[p][j];  c[i*ldc + j] = fma(ap[p*MR + i], bp[p*NR + j], c[...])
  * Decoding while the FMAs run hides its cost and keeps the sliver in L1 for the next tiles.
  * b is the sliver's top-left weight (any byte address); it may prefetch further along the
  * same rows of B (a prefetch never faults) but reads only the kc x NR block. */
 typedef void (*nm_ukernel_pack_fn)(int64_t kc, int64_t mr, const float *ap, const uint8_t *b,
                                    int64_t ldb, float *bp, float *c, int64_t ldc,
-                                   const float *c_next);
+                                   const float *c_next, const float *s);
 
-/* Array codecs over n contiguous elements (no alignment needed). */
+/* Array codecs over n contiguous elements (no alignment needed): 16-bit formats, and the
+ * 8-bit ones, whose encoder either follows ml_dtypes (saturate == 0) or clamps to the
+ * largest finite value (saturate != 0). */
 typedef void (*nm_decode_fn)(const uint16_t *src, float *dst, int64_t n);
 typedef void (*nm_encode_fn)(const float *src, uint16_t *dst, int64_t n);
+typedef void (*nm_decode8_fn)(const uint8_t *src, float *dst, int64_t n);
+typedef void (*nm_encode8_fn)(const float *src, uint8_t *dst, int64_t n, int saturate);
 
 /* Probes of the machine's limits, for the benchmark's roofline:
  * probe_fma runs `iters` rounds of independent fused multiply-adds on the row's widest
@@ -88,25 +122,30 @@ typedef struct nm_kernel_row {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
     int64_t kc;           /* k block the frame uses with this row (a sliver is kc x nr) */
-    nm_gemv_fn gemv[NM_FMT_COUNT];
-    const char *gemv_name[NM_FMT_COUNT];
-    nm_gemv2_fn gemv2[NM_FMT_COUNT];
-    const char *gemv2_name[NM_FMT_COUNT];
-    nm_gemv_packed_fn gemv_packed[NM_FMT_COUNT];
-    const char *gemv_packed_name[NM_FMT_COUNT];
-    nm_gemv2_packed_fn gemv2_packed[NM_FMT_COUNT];
-    const char *gemv2_packed_name[NM_FMT_COUNT];
-    nm_pack_fn pack[NM_FMT_COUNT];
-    const char *pack_name[NM_FMT_COUNT];
+    nm_gemv_fn gemv[NM_MATMUL_SLOTS];
+    const char *gemv_name[NM_MATMUL_SLOTS];
+    nm_gemv2_fn gemv2[NM_MATMUL_SLOTS];
+    const char *gemv2_name[NM_MATMUL_SLOTS];
+    nm_gemv_packed_fn gemv_packed[NM_MATMUL_SLOTS];
+    const char *gemv_packed_name[NM_MATMUL_SLOTS];
+    nm_gemv2_packed_fn gemv2_packed[NM_MATMUL_SLOTS];
+    const char *gemv2_packed_name[NM_MATMUL_SLOTS];
+    nm_pack_fn pack[NM_MATMUL_SLOTS];
+    const char *pack_name[NM_MATMUL_SLOTS];
     nm_ukernel_fn ukernel;
     const char *ukernel_name;
-    nm_ukernel_pack_fn ukernel_pack[NM_FMT_COUNT];
-    const char *ukernel_pack_name[NM_FMT_COUNT];
-    /* codecs exist for the 16-bit formats only (f32 needs none) */
+    nm_ukernel_pack_fn ukernel_pack[NM_MATMUL_SLOTS];
+    const char *ukernel_pack_name[NM_MATMUL_SLOTS];
+    /* codecs: the 16-bit formats' in decode/encode, the 8-bit ones' in decode8/encode8
+     * (f32 needs none) */
     nm_decode_fn decode[NM_FMT_COUNT];
     const char *decode_name[NM_FMT_COUNT];
     nm_encode_fn encode[NM_FMT_COUNT];
     const char *encode_name[NM_FMT_COUNT];
+    nm_decode8_fn decode8[NM_FMT_COUNT];
+    const char *decode8_name[NM_FMT_COUNT];
+    nm_encode8_fn encode8[NM_FMT_COUNT];
+    const char *encode8_name[NM_FMT_COUNT];
     nm_probe_fma_fn probe_fma;
     int64_t probe_fma_flops;
     nm_probe_read_fn probe_read;
@@ -116,11 +155,25 @@ typedef struct nm_kernel_row {
 #define NM_SET_SLOT(row, slot, fmt, fn) ((row)->slot[fmt] = (fn), (row)->slot##_name[fmt] = #fn)
 
 /* Every format of a matmul slot from functions named <slot>_<format>_<isa>, e.g.
- * NM_SET_MATMUL_SLOTS(row, gemv, avx2) sets gemv_f32_avx2, gemv_fp16_avx2, gemv_bf16_avx2. */
+ * NM_SET_MATMUL_SLOTS(row, gemv, avx2) sets gemv_f32_avx2, gemv_fp16_avx2, gemv_bf16_avx2,
+ * gemv_e4m3fn_avx2 and gemv_e5m2_avx2. */
 #define NM_SET_MATMUL_SLOTS(row, slot, isa)                                                  \
     (NM_SET_SLOT(row, slot, NM_FMT_F32, slot##_f32_##isa),                                   \
      NM_SET_SLOT(row, slot, NM_FMT_FP16, slot##_fp16_##isa),                                 \
-     NM_SET_SLOT(row, slot, NM_FMT_BF16, slot##_bf16_##isa))
+     NM_SET_SLOT(row, slot, NM_FMT_BF16, slot##_bf16_##isa),                                 \
+     NM_SET_SLOT(row, slot, NM_FMT_E4M3FN, slot##_e4m3fn_##isa),                             \
+     NM_SET_SLOT(row, slot, NM_FMT_E5M2, slot##_e5m2_##isa))
+
+/* The finite-weights slots (NM_SLOT_*_FINITE) from <slot>_<format>_finite_<isa>. */
+#define NM_SET_FINITE_SLOTS(row, slot, isa)                                                  \
+    (NM_SET_SLOT(row, slot, NM_SLOT_E4M3FN_FINITE, slot##_e4m3fn_finite_##isa),              \
+     NM_SET_SLOT(row, slot, NM_SLOT_E5M2_FINITE, slot##_e5m2_finite_##isa))
+
+/* Every finite-weights slot of a SIMD row that has its own for each matmul slot. */
+#define NM_SET_ALL_FINITE_SLOTS(row, isa)                                                    \
+    (NM_SET_FINITE_SLOTS(row, gemv, isa), NM_SET_FINITE_SLOTS(row, gemv2, isa),              \
+     NM_SET_FINITE_SLOTS(row, gemv_packed, isa), NM_SET_FINITE_SLOTS(row, gemv2_packed, isa), \
+     NM_SET_FINITE_SLOTS(row, pack, isa), NM_SET_FINITE_SLOTS(row, ukernel_pack, isa))
 
 /* The 16-bit formats' array codecs, named decode_<format>_<isa> and encode_<format>_<isa>. */
 #define NM_SET_CODEC_SLOTS(row, isa)                                                         \

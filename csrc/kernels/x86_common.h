@@ -13,6 +13,22 @@ static inline float load1_fp16_f16c(const uint8_t *p) { return _cvtsh_ss(nm_load
 
 #define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
+/* FP8 bytes (the low 8 of q) as binary16 bits for F16C, 8 lanes of 16 bits. e5m2 is the
+ * high byte of a binary16. e4m3fn's 7 magnitude bits shifted left by 7 are a binary16 of
+ * value / 2^8 (nm_e4m3fn_to_f32), its NaN code becomes the binary16 quiet NaN 0x7E00, and
+ * the sign moves to bit 15. Integer ops only; the caller multiplies by 2^8 in float. */
+static inline __m128i fp16_bits_of_e5m2(__m128i q) {
+    return _mm_unpacklo_epi8(_mm_setzero_si128(), q);
+}
+
+static inline __m128i fp16_bits_of_e4m3fn(__m128i q) {
+    const __m128i u = _mm_cvtepu8_epi16(q);
+    __m128i mag = _mm_and_si128(_mm_slli_epi16(u, 7), _mm_set1_epi16(0x3F80));
+    const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3F80));
+    mag = _mm_xor_si128(mag, _mm_and_si128(nan, _mm_set1_epi16(0x3F80 ^ 0x7E00)));
+    return _mm_or_si128(mag, _mm_and_si128(_mm_slli_epi16(u, 8), _mm_set1_epi16((short)0x8000)));
+}
+
 /* For a fused tile (ITEM-byte weights, NR to a sliver): every line that a sliver row's
  * worth of weights `ahead` bytes on can touch (SLIVER_AHEAD_BYTES). One line a step is not
  * enough once a sliver's row is wider than a line (f32: 96 bytes in avx2, 128 in avx512).

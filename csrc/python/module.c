@@ -126,6 +126,14 @@ static int overlaps(const matrix *x, int xs, const matrix *y, int ys) {
     return xl < yh && yl < xh;
 }
 
+/* out against a contiguous buffer (the scales) */
+static int overlaps_buffer(const matrix *out, const Py_buffer *v) {
+    uintptr_t lo, hi;
+    extent(out, 4, &lo, &hi);
+    const uintptr_t vl = (uintptr_t)v->buf, vh = vl + (uintptr_t)v->len;
+    return lo < vh && vl < hi;
+}
+
 static int parse_format(int fmt) {
     if (fmt < 0 || fmt >= NM_FMT_COUNT) {
         PyErr_Format(PyExc_ValueError, "unknown format code %d", fmt);
@@ -172,7 +180,7 @@ static int64_t chunk_columns(double want, int64_t align, int64_t n) {
 /* The checks both layouts share, then the call: x and out float-aligned, out's rows
  * apart, out clear of x and the weights; n is the number of output columns. */
 static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const matrix *c,
-                            int64_t n, int packed, int accumulate) {
+                            int64_t n, int packed, int accumulate, const nm_scales *scales) {
     const int bsize = nm_format_table[fmt].itemsize;
     if (((uintptr_t)a->view.buf | (uintptr_t)a->ld | (uintptr_t)c->view.buf |
          (uintptr_t)c->ld) % sizeof(float)) {
@@ -204,11 +212,17 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
         double seconds;
         Py_BEGIN_ALLOW_THREADS
         const double t0 = now_seconds();
+        nm_scales chunk_scales, *cs = NULL;
+        if (scales) { /* the scales of the chunk's columns */
+            chunk_scales = *scales;
+            chunk_scales.s += j0;
+            cs = &chunk_scales;
+        }
         status = packed ? nm_matmul_packed(row, fmt, m, w, k, ap, a->ld / 4,
                                            bp + (j0 / align) * k * align * bsize, cp + j0,
-                                           c->ld / 4, accumulate)
+                                           c->ld / 4, accumulate, cs)
                         : nm_matmul(row, fmt, m, w, k, ap, a->ld / 4, bp + j0 * bsize, b->ld,
-                                    cp + j0, c->ld / 4, accumulate);
+                                    cp + j0, c->ld / 4, accumulate, cs);
         seconds = now_seconds() - t0;
         Py_END_ALLOW_THREADS
         if (status == NM_ENOMEM) return PyErr_NoMemory();
@@ -227,16 +241,71 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
     return Py_NewRef(Py_None);
 }
 
-/* 16-bit weights arrive as raw bits (uint16/int16) or as NumPy float16 ('e') */
+/* 16-bit weights arrive as raw bits (uint16/int16) or as NumPy float16 ('e'); 8-bit ones
+ * as bytes */
 static const char *weights_accept(int fmt) {
-    return nm_format_table[fmt].itemsize == 4 ? "f" : "Hhe";
+    const int size = nm_format_table[fmt].itemsize;
+    return size == 4 ? "f" : size == 2 ? "Hhe" : "Bb";
+}
+
+/* The scales argument of a matmul: None for a format without scales; for a scaled one a
+ * (ceil(k / bk), ld) C-contiguous float32 array with ld >= min_ld in the kernels' form, bk
+ * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). On success
+ * *have says whether `sc` was filled (and `view` must be released). */
+static int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
+                      int64_t min_ld, Py_buffer *view, nm_scales *sc, int *have) {
+    *have = 0;
+    const int scaled = nm_format_table[fmt].scaled;
+    if (so == Py_None) {
+        if (!scaled) return 0;
+        PyErr_Format(PyExc_ValueError, "format '%s' needs its scales", nm_format_table[fmt].name);
+        return -1;
+    }
+    if (!scaled) {
+        PyErr_Format(PyExc_ValueError, "format '%s' takes no scales", nm_format_table[fmt].name);
+        return -1;
+    }
+    if (bk <= 0) {
+        PyErr_Format(PyExc_ValueError, "the scales' block must be at least 1 row, got %lld", bk);
+        return -1;
+    }
+    if (PyObject_GetBuffer(so, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "scales must be a C-contiguous float32 array");
+        return -1;
+    }
+    const int64_t blocks = k == 0 ? 0 : (k + bk - 1) / bk;
+    if (view->ndim != 2 || view->itemsize != 4 || !format_ok(view->format, "f") ||
+        ((uintptr_t)view->buf % sizeof(float))) {
+        PyErr_SetString(PyExc_TypeError, "scales must be a 2-D aligned float32 array");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->shape[0] < blocks || view->shape[1] < min_ld) {
+        PyErr_Format(PyExc_ValueError,
+                     "scales of shape (%lld, %lld) do not cover k=%lld in blocks of %lld rows "
+                     "and %lld columns",
+                     (long long)view->shape[0], (long long)view->shape[1], (long long)k, bk,
+                     (long long)min_ld);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    sc->s = (const float *)view->buf;
+    sc->ld = view->shape[1];
+    sc->bk = bk;
+    sc->finite = finite;
+    *have = 1;
+    return 0;
 }
 
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
     (void)self;
     int fmt, accumulate;
-    PyObject *ao, *bo, *co;
-    if (!PyArg_ParseTuple(args, "iOOOp:matmul", &fmt, &ao, &bo, &co, &accumulate))
+    PyObject *ao, *bo, *co, *so = Py_None;
+    long long bk = 0;
+    int finite = 0;
+    if (!PyArg_ParseTuple(args, "iOOOp|OLp:matmul", &fmt, &ao, &bo, &co, &accumulate, &so, &bk,
+                          &finite))
         return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const int bsize = nm_format_table[fmt].itemsize;
@@ -253,7 +322,16 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
                      (long long)b.cols, (long long)c.rows, (long long)c.cols);
         goto done;
     }
-    result = run_matmul(fmt, &a, &b, &c, b.cols, 0, accumulate);
+    Py_buffer sv;
+    nm_scales sc;
+    int have;
+    if (get_scales(fmt, so, bk, finite, b.rows, b.cols, &sv, &sc, &have) < 0) goto done;
+    if (have && overlaps_buffer(&c, &sv)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
+    } else {
+        result = run_matmul(fmt, &a, &b, &c, b.cols, 0, accumulate, have ? &sc : NULL);
+    }
+    if (have) PyBuffer_Release(&sv);
 done:
     release(&a);
     release(&b);
@@ -266,9 +344,11 @@ done:
 static PyObject *py_matmul_packed(PyObject *self, PyObject *args) {
     (void)self;
     int fmt, accumulate;
-    long long n;
-    PyObject *ao, *bo, *co;
-    if (!PyArg_ParseTuple(args, "iOOLOp:matmul_packed", &fmt, &ao, &bo, &n, &co, &accumulate))
+    long long n, bk = 0;
+    int finite = 0;
+    PyObject *ao, *bo, *co, *so = Py_None;
+    if (!PyArg_ParseTuple(args, "iOOLOp|OLp:matmul_packed", &fmt, &ao, &bo, &n, &co,
+                          &accumulate, &so, &bk, &finite))
         return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const int bsize = nm_format_table[fmt].itemsize;
@@ -294,7 +374,17 @@ static PyObject *py_matmul_packed(PyObject *self, PyObject *args) {
                      (long long)b.cols, n, (long long)c.rows, (long long)c.cols);
         goto done;
     }
-    result = run_matmul(fmt, &a, &b, &c, n, 1, accumulate);
+    Py_buffer sv;
+    nm_scales sc;
+    int have;
+    if (get_scales(fmt, so, bk, finite, a.cols, (n + nr - 1) / nr * nr, &sv, &sc, &have) < 0)
+        goto done;
+    if (have && overlaps_buffer(&c, &sv)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
+    } else {
+        result = run_matmul(fmt, &a, &b, &c, n, 1, accumulate, have ? &sc : NULL);
+    }
+    if (have) PyBuffer_Release(&sv);
 done:
     release(&a);
     release(&b);
@@ -318,10 +408,10 @@ static int get_vector(PyObject *obj, const char *what, int writable, Py_buffer *
 static int find_row(const char *name);
 
 static PyObject *codec_call(PyObject *args, int encode) {
-    int fmt;
+    int fmt, saturate = 0;
     PyObject *so, *dobj;
     const char *isa = NULL;
-    if (!PyArg_ParseTuple(args, "iOO|z", &fmt, &so, &dobj, &isa)) return NULL;
+    if (!PyArg_ParseTuple(args, "iOO|zp", &fmt, &so, &dobj, &isa, &saturate)) return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const nm_kernel_row *row = current_row;
     if (isa) { /* a named row's codec, for tests that compare rows */
@@ -332,8 +422,14 @@ static PyObject *codec_call(PyObject *args, int encode) {
         }
         row = &rows[i];
     }
-    if (nm_format_table[fmt].itemsize != 2) {
+    const int item = nm_format_table[fmt].itemsize;
+    if (item == 4) {
         PyErr_Format(PyExc_ValueError, "format '%s' has no codec", nm_format_table[fmt].name);
+        return NULL;
+    }
+    if (saturate && item != 1) {
+        PyErr_Format(PyExc_ValueError, "saturate applies to the 8-bit formats, not '%s'",
+                     nm_format_table[fmt].name);
         return NULL;
     }
     Py_buffer s, d;
@@ -342,7 +438,7 @@ static PyObject *codec_call(PyObject *args, int encode) {
         PyBuffer_Release(&s);
         return NULL;
     }
-    const Py_ssize_t in_size = encode ? 4 : 2, out_size = encode ? 2 : 4;
+    const Py_ssize_t in_size = encode ? 4 : item, out_size = encode ? item : 4;
     PyObject *result = NULL;
     if (s.len % in_size || d.len % out_size || s.len / in_size != d.len / out_size) {
         PyErr_SetString(PyExc_ValueError, "source and destination sizes do not match");
@@ -351,7 +447,11 @@ static PyObject *codec_call(PyObject *args, int encode) {
     } else {
         const int64_t n = s.len / in_size;
         Py_BEGIN_ALLOW_THREADS
-        if (encode)
+        if (encode && item == 1)
+            row->encode8[fmt]((const float *)s.buf, (uint8_t *)d.buf, n, saturate);
+        else if (item == 1)
+            row->decode8[fmt]((const uint8_t *)s.buf, (float *)d.buf, n);
+        else if (encode)
             row->encode[fmt]((const float *)s.buf, (uint16_t *)d.buf, n);
         else
             row->decode[fmt]((const uint16_t *)s.buf, (float *)d.buf, n);
@@ -478,6 +578,12 @@ static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "si", &op, &fmt)) return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const nm_kernel_row *r = current_row;
+    /* the finite-weights slot of a scaled format (nm_kernels.h) */
+    if (strcmp(op, "matmul_finite") == 0 || strcmp(op, "matmul_packed_finite") == 0) {
+        if (!nm_format_table[fmt].scaled) return PyList_New(0);
+        fmt = fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
+        op = strcmp(op, "matmul_finite") == 0 ? "matmul" : "matmul_packed";
+    }
     if (strcmp(op, "matmul") == 0) {
         if (!r->gemv[fmt] || !r->gemv2[fmt] || !r->ukernel_pack[fmt] || !r->ukernel ||
             !r->pack[fmt])
@@ -492,10 +598,14 @@ static PyObject *py_kernel_names(PyObject *self, PyObject *args) {
         return Py_BuildValue("[sssss]", r->gemv_packed_name[fmt], r->gemv2_packed_name[fmt],
                              r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
     }
-    if (strcmp(op, "encode") == 0)
+    if (strcmp(op, "encode") == 0) {
+        if (r->encode8[fmt]) return Py_BuildValue("[s]", r->encode8_name[fmt]);
         return r->encode[fmt] ? Py_BuildValue("[s]", r->encode_name[fmt]) : PyList_New(0);
-    if (strcmp(op, "decode") == 0)
+    }
+    if (strcmp(op, "decode") == 0) {
+        if (r->decode8[fmt]) return Py_BuildValue("[s]", r->decode8_name[fmt]);
         return r->decode[fmt] ? Py_BuildValue("[s]", r->decode_name[fmt]) : PyList_New(0);
+    }
     PyErr_Format(PyExc_ValueError, "unknown operation '%s'", op);
     return NULL;
 }
@@ -620,8 +730,9 @@ static PyObject *py_formats(PyObject *self, PyObject *noargs) {
     PyObject *list = PyList_New(NM_FMT_COUNT);
     if (!list) return NULL;
     for (int i = 0; i < NM_FMT_COUNT; ++i) {
-        PyObject *t = Py_BuildValue("(isi)", i, nm_format_table[i].name,
-                                    nm_format_table[i].itemsize);
+        PyObject *t = Py_BuildValue("(isiii)", i, nm_format_table[i].name,
+                                    nm_format_table[i].itemsize, nm_format_table[i].scaled,
+                                    nm_format_table[i].scale_exponent);
         if (!t) {
             Py_DECREF(list);
             return NULL;
@@ -802,7 +913,7 @@ static PyMethodDef methods[] = {
     {"isa_rows", py_isa_rows, METH_NOARGS, "Compiled rows: (name, supported, missing)."},
     {"set_isa", py_set_isa, METH_O, "Switch the ISA row (tests and benchmarks)."},
     {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},
-    {"formats", py_formats, METH_NOARGS, "The C format table: (code, name, itemsize)."},
+    {"formats", py_formats, METH_NOARGS, "The C format table: (code, name, itemsize, scaled, scale_exponent)."},
     {"set_num_threads", py_set_num_threads, METH_O, "Threads a call may use."},
     {"probe_fma", py_probe_fma, METH_VARARGS, "probe_fma(threads, iters) -> (flops, s)."},
     {"probe_read", py_probe_read, METH_VARARGS, "probe_read(threads, f32 buffer) -> s."},

@@ -1,8 +1,9 @@
 /* narrowmm: the C-level test driver. For every ISA row this CPU can run, every kernel's
  * output is compared bit for bit with the scalar row's (a NaN only has to meet a NaN):
  * codecs over all 65,536 16-bit patterns and a dense sample of float32 ones, the
- * 65,536-pattern kernel sweep on both paths, and random shapes across tile edges, strides,
- * odd byte offsets, accumulate and thread counts, with guard cells around every output.
+ * 65,536-pattern kernel sweep on both paths (256 patterns x scales for FP8, on every path),
+ * and random shapes across tile edges, strides, odd byte offsets, accumulate, thread counts
+ * and blocks of scales, with guard cells around every output.
  * No Python involved: it runs under sanitizers and under qemu for other architectures.
  * Prints one line per problem and ends with "N passed, M failed". */
 #include <math.h>
@@ -107,10 +108,86 @@ static void test_codecs(const nm_kernel_row *row, const nm_kernel_row *ref) {
         expect(bad == 0, "%s %s: encode differs on %ld of %ld inputs", row->isa,
                nm_format_table[fmt].name, bad, total);
     }
+    /* the 8-bit codecs: all 256 decodes, and a sample of encodes both ways of overflowing */
+    uint8_t q[256], q1[CHUNK], q2[CHUNK];
+    for (int i = 0; i < 256; ++i) q[i] = (uint8_t)i;
+    for (int fmt = NM_FMT_E4M3FN; fmt <= NM_FMT_E5M2; ++fmt) {
+        row->decode8[fmt](q, got, 256);
+        ref->decode8[fmt](q, want, 256);
+        long bad = 0;
+        for (int i = 0; i < 256; ++i) bad += bits_of(got[i]) != bits_of(want[i]);
+        for (int sat = 0; sat < 2; ++sat)
+            for (uint64_t start = 0; start < (1ull << 32); start += (uint64_t)CHUNK * 65521) {
+                for (int i = 0; i < CHUNK; ++i) {
+                    uint32_t u = (uint32_t)(start + (uint64_t)i * 65521);
+                    memcpy(&x[i], &u, 4);
+                }
+                row->encode8[fmt](x, q1, CHUNK, sat);
+                ref->encode8[fmt](x, q2, CHUNK, sat);
+                for (int i = 0; i < CHUNK; ++i) bad += q1[i] != q2[i];
+            }
+        expect(bad == 0, "%s %s: 8-bit codec differs on %ld inputs", row->isa,
+               nm_format_table[fmt].name, bad);
+    }
     free(x), free(e1), free(e2), free(h), free(got), free(want);
 }
 
 /* ---- the kernel sweep: all patterns times 1.0 into a zeroed C ----------------------- */
+
+/* FP8: each of the 256 patterns in every column position of a 2-row B under 4 scales
+ * (columns of one scale each), so weight (p, j) is fl32(decode * s[j]); a = (1, 1) sums
+ * the two rows' weights with two fmas, the gemvs (m = 1, 2), the tiles (m = 5) and the
+ * packed layout each checked against that sum in float. */
+static void test_sweep8(const nm_kernel_row *row, const nm_kernel_row *ref) {
+    enum { N = 1024, K = 2 };
+    static const float scales[4] = {1.0f, 0.0078125f, 3.3f, 1e-38f};
+    uint8_t q[256], *b = xmalloc(K * N + 1), *bpk;
+    float dec[256], *sc = xmalloc(4 * N + 4 * 64), *want = xmalloc(4 * N);
+    const float a[5 * K] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    float *c = xmalloc(5 * 4 * N);
+    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr;
+    bpk = xmalloc((size_t)(ld * K));
+    for (int i = 0; i < 256; ++i) q[i] = (uint8_t)i;
+    for (int fmt = NM_FMT_E4M3FN; fmt <= NM_FMT_E5M2; ++fmt) {
+        ref->decode8[fmt](q, dec, 256);
+        const float two_r = ldexpf(1.0f, nm_format_table[fmt].scale_exponent);
+        const uint8_t special = fmt == NM_FMT_E4M3FN ? 0x7F : 0x7C;
+        /* every code on the exact kernels, then the finite codes (the others replaced by
+         * zero) on the finite-weights kernels */
+        for (int finite = 0; finite < 2; ++finite) {
+            for (int j = 0; j < N; ++j) {
+                uint8_t q0 = (uint8_t)j, q1 = (uint8_t)(255 - j); /* row 1: the reverse */
+                if (finite && (q0 & special) == special) q0 = 0;
+                if (finite && (q1 & special) == special) q1 = 0;
+                b[1 + j] = q0, b[1 + N + j] = q1;
+                const float s = scales[j / 256];
+                sc[j] = s * two_r; /* the kernels' form */
+                want[j] = fmaf(1.0f, dec[q1] * s, fmaf(1.0f, dec[q0] * s, 0.0f));
+            }
+            for (int64_t j = N; j < ld; ++j) sc[j] = 1.0f;
+            memset(bpk, 0, (size_t)(ld * K));
+            for (int64_t j = 0; j < N; ++j)
+                for (int p = 0; p < K; ++p)
+                    bpk[((j / nr) * K + p) * nr + j % nr] = b[1 + p * N + j];
+            const nm_scales scl = {sc, ld, K, finite};
+            static const int64_t ms[] = {1, 2, 5};
+            for (int packed = 0; packed < 2; ++packed)
+                for (size_t mi = 0; mi < 3; ++mi) {
+                    const int64_t m = ms[mi];
+                    int st = packed
+                                 ? nm_matmul_packed(row, fmt, m, N, K, a, K, bpk, c, N, 0, &scl)
+                                 : nm_matmul(row, fmt, m, N, K, a, K, b + 1, N, c, N, 0, &scl);
+                    long bad = 0;
+                    for (int64_t i = 0; i < m; ++i)
+                        for (int j = 0; j < N; ++j) bad += !same(c[i * N + j], want[j]);
+                    expect(st == NM_OK && bad == 0,
+                           "%s %s: sweep m=%lld packed=%d finite=%d differs on %ld", row->isa,
+                           nm_format_table[fmt].name, (long long)m, packed, finite, bad);
+                }
+        }
+    }
+    free(b), free(bpk), free(sc), free(want), free(c);
+}
 
 static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
     uint8_t *b = xmalloc(65536 * 2 + 1);
@@ -122,7 +199,7 @@ static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
         ref->decode[fmt](h, dec, 65536);
         memcpy(b + 1, h, 65536 * 2); /* B at an odd address */
         for (int64_t m = 1; m <= 2; ++m) {
-            int st = nm_matmul(row, fmt, m, 65536, 1, a, 1, b + 1, 65536 * 2, c, 65536, 0);
+            int st = nm_matmul(row, fmt, m, 65536, 1, a, 1, b + 1, 65536 * 2, c, 65536, 0, NULL);
             long bad = 0;
             for (int j = 0; j < 65536; ++j) bad += !same(c[j], dec[j] + 0.0f);
             expect(st == NM_OK && bad == 0, "%s %s: sweep m=%lld differs on %ld patterns",
@@ -130,6 +207,7 @@ static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
         }
     }
     free(b), free(c), free(dec), free(h);
+    test_sweep8(row, ref);
 }
 
 /* ---- random shapes ------------------------------------------------------------------ */
@@ -139,6 +217,15 @@ static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
 static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt, int64_t m,
                      int64_t n, int64_t k, int accumulate, int threads) {
     const int64_t itemsize = nm_format_table[fmt].itemsize;
+    /* scales for a scaled format: a block of 1, 4 or 128 rows, or one for all of k; the
+     * row is padded to whole slivers of every row (96 columns) for the packed layout */
+    static const int64_t blocks[] = {1, 4, 128, 1 << 30};
+    const int64_t bk = blocks[next_u64() % 4], sld = (n + 95) / 96 * 96 + 3;
+    const int64_t nblocks = k ? (k + bk - 1) / bk : 1;
+    float *sv = xmalloc((size_t)(nblocks * sld) * 4);
+    for (int64_t i = 0; i < nblocks * sld; ++i) sv[i] = 0x1p100f * (1.0f + next_float());
+    nm_scales scl = {sv, sld, bk, 0};
+    const nm_scales *scales = nm_format_table[fmt].scaled ? &scl : NULL;
     const int64_t lda = k + 3, ldb = (n + 5) * itemsize + 1, ldc = n + 4;
     float *a = xmalloc((size_t)(m * lda + 1) * 4);
     uint8_t *braw = xmalloc((size_t)(k * ldb + 2));
@@ -152,6 +239,8 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
             if ((next_u64() & 255) == 0) v = (next_u64() & 1) ? INFINITY : 1e-40f;
             if (fmt == NM_FMT_F32) {
                 memcpy(b + p * ldb + 4 * j, &v, 4);
+            } else if (itemsize == 1) {
+                ref->encode8[fmt](&v, b + p * ldb + j, 1, 0);
             } else {
                 uint16_t hv;
                 ref->encode[fmt](&v, &hv, 1);
@@ -163,6 +252,14 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
     for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) c_ref[(i + 1) * ldc + j] = c_got[(i + 1) * ldc + j] = next_float();
     memcpy(c_pk, c_got, c_bytes);
+    /* weights without NaN or Inf codes (most shapes) take the finite-weights kernels */
+    if (itemsize == 1) {
+        const uint8_t special = fmt == NM_FMT_E4M3FN ? 0x7F : 0x7C;
+        int finite = 1;
+        for (int64_t p = 0; p < k; ++p)
+            for (int64_t j = 0; j < n; ++j) finite &= (b[p * ldb + j] & special) != special;
+        scl.finite = finite;
+    }
     /* the same weights in this row's packed layout: NR-column slivers of k contiguous rows,
      * in a buffer of exactly that size (the sanitizers see any read past it) */
     const int64_t nr = row->nr, slivers = (n + nr - 1) / nr;
@@ -175,10 +272,11 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
                 memcpy(bpk + ((sl * k + p) * nr + j - sl * nr) * itemsize, b + p * ldb + j * itemsize,
                        (size_t)itemsize);
     nm_set_num_threads(1);
-    int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate);
+    int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate, scales);
     nm_set_num_threads(threads);
-    int s2 = nm_matmul(row, fmt, m, n, k, a, lda, b, ldb, c_got + ldc, ldc, accumulate);
-    int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate);
+    int s2 = nm_matmul(row, fmt, m, n, k, a, lda, b, ldb, c_got + ldc, ldc, accumulate, scales);
+    int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate,
+                              scales);
     long bad = 0, guard = 0, bad_pk = 0, guard_pk = 0;
     for (int64_t r = 0; r < m + 2; ++r) {
         for (int64_t j = 0; j < ldc; ++j) {
@@ -195,11 +293,11 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
     }
     expect(s1 == NM_OK && s2 == NM_OK && s3 == NM_OK && bad == 0 && guard == 0 && bad_pk == 0 &&
                guard_pk == 0,
-           "%s %s m=%lld n=%lld k=%lld acc=%d threads=%d: %ld differ, %ld guard cells written; "
-           "packed weights: %ld differ, %ld guard cells written",
+           "%s %s m=%lld n=%lld k=%lld acc=%d threads=%d bk=%lld finite=%d: %ld differ, %ld "
+           "guard cells written; packed weights: %ld differ, %ld guard cells written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
-           accumulate, threads, bad, guard, bad_pk, guard_pk);
-    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk);
+           accumulate, threads, (long long)bk, scl.finite, bad, guard, bad_pk, guard_pk);
+    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv);
 }
 
 static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {

@@ -18,6 +18,7 @@ from ._formats import FORMATS, Format, get_format
 from ._linear import Linear
 from ._runtime import runtime_info, show_runtime
 from ._safetensors import SafetensorsError, SafetensorsFile, load_safetensors
+from ._scales import Scales
 from ._threads import get_num_threads, set_num_threads
 from ._threads import init as _init_threads
 from ._weights import PackedWeights, TorchWeights, Weights
@@ -41,6 +42,7 @@ __all__ = [
     "Provider",
     "SafetensorsError",
     "SafetensorsFile",
+    "Scales",
     "TorchWeights",
     "Weights",
     "__version__",

@@ -73,7 +73,8 @@ def matmul(
 
     Every output element is the chain ``c = fma(x[i, p], w[p, j], c)`` over p ascending,
     starting from +0.0, from ``bias[j]`` when a bias is given, or from ``out``'s value when
-    ``accumulate=True``; every provider, ISA and thread count gives the same bits.
+    ``accumulate=True``; every provider, ISA and thread count gives the same bits. For FP8
+    weights ``w[p, j]`` is ``fl32(decode(q[p, j]) * scale)`` (see :class:`Scales`).
 
     Args:
         x: float32 activations, shape (m, k) or (k,): a NumPy array or any DLPack producer
@@ -139,14 +140,17 @@ def matmul(
         kernel_out[...] = bias
         accumulate = True
     if native_packed:  # the binding takes 1-D x and out as one row
+        scales = w.kernel_scales(-(-n // w.width) * w.width)
+        extra = () if scales is None else scales
         core().matmul_packed(w.format.code, xa, w._slivers, n, kernel_out,
-                             bool(accumulate))
+                             bool(accumulate), *extra)
     elif provider.name == "native":
-        kernel.fn(xa, w.bits, kernel_out, bool(accumulate))
-    else:  # the other providers compute on 2-D, row-major arrays
+        kernel.fn(xa, w.bits, kernel_out, bool(accumulate), w.kernel_scales(n))
+    else:  # the other providers compute on 2-D, row-major arrays, with the plain scales
         kernel.fn(xa[None, :] if vector else xa,
                   packed.unpack().bits if packed is not None else w.bits,
-                  kernel_out[None, :] if vector else kernel_out, bool(accumulate))
+                  kernel_out[None, :] if vector else kernel_out, bool(accumulate),
+                  w.provider_scales())
     if kernel_out is not target:
         target[...] = kernel_out
     return target
@@ -166,29 +170,39 @@ def _codec_format(format: str | Format) -> Format:
     return fmt
 
 
-def encode(values: np.ndarray, format: str | Format) -> np.ndarray:
-    """Round float32 ``values`` to ``format`` (nearest even) and return the uint16 bits.
+def encode(values: np.ndarray, format: str | Format, *, saturate: bool = False) -> np.ndarray:
+    """Round float32 ``values`` to ``format`` (nearest even) and return the bits: uint16 for
+    fp16/bf16, uint8 for e4m3fn/e5m2.
 
-    Overflow gives +-Inf, tiny values underflow gradually through subnormals, and a NaN
-    becomes a quiet NaN keeping its sign and top payload bits. Any shape; the result has
-    the same shape.
+    Tiny values underflow gradually through subnormals. Overflow gives +-Inf, except in
+    e4m3fn, which has none: there it gives NaN (ml_dtypes' rule). ``saturate=True`` (FP8
+    only) clamps overflow, infinities included, to the largest finite value instead. A NaN
+    stays a NaN keeping its sign (and, in the 16-bit formats, its top payload bits). Any
+    shape; the result has the same shape. docs/contracts.md lists each format's rules.
     """
     fmt = _codec_format(format)
     a = _check_float32(values, "values")
     if not a.dtype.isnative:
         raise TypeError("values must have native byte order")
+    if saturate and fmt.itemsize != 1:
+        raise ValueError(f"saturate applies to the FP8 formats, not {fmt.name!r}")
     flat = _flat_aligned(a)
     _, kernel = resolve("encode", fmt)
-    return kernel.fn(flat).reshape(a.shape)
+    out = kernel.fn(flat, bool(saturate)) if fmt.itemsize == 1 else kernel.fn(flat)
+    return out.reshape(a.shape)
 
 
 def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
-    """Exact float32 values of uint16 bit patterns in ``format``; NaNs come back quiet."""
+    """Exact float32 values of bit patterns in ``format`` (uint16 for fp16/bf16, uint8 for
+    e4m3fn/e5m2); NaNs come back quiet. Scales are not applied here (see
+    :meth:`Weights.decode`)."""
     fmt = _codec_format(format)
+    want = "uint16 (or int16/float16)" if fmt.itemsize == 2 else "uint8 (or int8)"
     if not isinstance(bits, np.ndarray):
-        raise TypeError(f"bits must be a numpy.ndarray of uint16, got {type(bits).__name__}")
-    if bits.dtype.itemsize != 2 or bits.dtype.kind not in "uif" or not bits.dtype.isnative:
-        raise TypeError(f"bits must be uint16 (or int16/float16), got {bits.dtype}")
-    flat = _flat_aligned(bits).view(np.uint16)
+        raise TypeError(f"bits must be a numpy.ndarray of {want}, got {type(bits).__name__}")
+    if (bits.dtype.itemsize != fmt.itemsize or not bits.dtype.isnative
+            or bits.dtype.kind not in ("uif" if fmt.itemsize == 2 else "uiV")):
+        raise TypeError(f"{fmt.name} bits must be {want}, got {bits.dtype}")
+    flat = _flat_aligned(bits).view(fmt.storage)
     _, kernel = resolve("decode", fmt)
     return kernel.fn(flat).reshape(bits.shape)

@@ -1,4 +1,4 @@
-"""The weight formats: one table, so that a new format (FP8) is a new row, not new branches.
+"""The weight formats: one table, so that a new format is a new row, not new branches.
 
 Each provider keeps its own kernel table keyed by these names, and the C core keeps the same
 list under the same codes (``csrc/include/nm_formats.h``); a test checks that they agree.
@@ -16,13 +16,18 @@ class Format:
     """A storage format for weights.
 
     Attributes:
-        name: canonical name (``"f32"``, ``"fp16"``, ``"bf16"``).
+        name: canonical name (``"f32"``, ``"fp16"``, ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``).
         code: the C core's ``nm_format`` code.
         itemsize: bytes per stored element.
-        storage: NumPy dtype that holds the raw stored elements (bits for 16-bit formats).
+        storage: NumPy dtype that holds the raw stored elements (bits for the narrow formats).
         exponent_bits, mantissa_bits: the layout, for documentation and range checks.
         numpy_names: dtype names whose arrays wrap as this format without a copy.
         description: one line for ``narrowmm info``.
+        scaled: weights in this format carry float32 scales (:class:`~narrowmm.Scales`),
+            each weight being ``fl32(decode(q) * scale)``.
+        max_finite: the largest finite value.
+        scale_exponent: r, for a scaled format: the C kernels take ``scale * 2**r`` (so
+            scales must stay below ``2**(128 - r)``; docs/kernels.md says why).
     """
 
     name: str
@@ -33,6 +38,14 @@ class Format:
     mantissa_bits: int
     numpy_names: tuple[str, ...]
     description: str
+    scaled: bool = False
+    max_finite: float = 0.0
+    scale_exponent: int = 0
+
+    @property
+    def max_scale(self) -> float:
+        """Scales must be finite and smaller than this in magnitude (scaled formats)."""
+        return float(2.0 ** (128 - self.scale_exponent)) if self.scaled else float("inf")
 
     @property
     def has_codec(self) -> bool:
@@ -46,14 +59,24 @@ class Format:
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
-        Format("f32", 0, 4, np.dtype(np.float32), 8, 23, ("float32",), "IEEE binary32"),
-        Format("fp16", 1, 2, np.dtype(np.uint16), 5, 10, ("float16",), "IEEE binary16"),
-        Format("bf16", 2, 2, np.dtype(np.uint16), 8, 7, ("bfloat16",), "bfloat16 (Brain)"),
+        Format("f32", 0, 4, np.dtype(np.float32), 8, 23, ("float32",), "IEEE binary32",
+               max_finite=3.4028234663852886e38),
+        Format("fp16", 1, 2, np.dtype(np.uint16), 5, 10, ("float16",), "IEEE binary16",
+               max_finite=65504.0),
+        Format("bf16", 2, 2, np.dtype(np.uint16), 8, 7, ("bfloat16",), "bfloat16 (Brain)",
+               max_finite=3.3895313892515355e38),
+        Format("e4m3fn", 3, 1, np.dtype(np.uint8), 4, 3, ("float8_e4m3fn",),
+               "OCP FP8 E4M3, no infinities, with float32 scales", scaled=True,
+               max_finite=448.0, scale_exponent=120),
+        Format("e5m2", 4, 1, np.dtype(np.uint8), 5, 2, ("float8_e5m2",),
+               "OCP FP8 E5M2, with float32 scales", scaled=True, max_finite=57344.0,
+               scale_exponent=112),
     )
 }
 
 _ALIASES = {"float32": "f32", "fp32": "f32", "float16": "fp16", "f16": "fp16",
-            "half": "fp16", "bfloat16": "bf16"}
+            "half": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3fn",
+            "f8_e4m3": "e4m3fn", "float8_e5m2": "e5m2", "f8_e5m2": "e5m2"}
 
 OPERATIONS = ("matmul", "encode", "decode")
 

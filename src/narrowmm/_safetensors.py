@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._scales import Scales
 from ._weights import TorchWeights
 
 MAX_HEADER_BYTES = 100_000_000  # the format's own limit
@@ -32,8 +33,10 @@ _DTYPES: dict[str, tuple[int, str | None]] = {
     "F32": (4, "f32"), "F16": (2, "fp16"), "BF16": (2, "bf16"),
     "F64": (8, None), "I64": (8, None), "U64": (8, None), "I32": (4, None), "U32": (4, None),
     "I16": (2, None), "U16": (2, None), "I8": (1, None), "U8": (1, None), "BOOL": (1, None),
-    "F8_E4M3": (1, None), "F8_E5M2": (1, None), "F8_E8M0": (1, None),
+    "F8_E4M3": (1, "e4m3fn"), "F8_E5M2": (1, "e5m2"), "F8_E8M0": (1, None),
 }
+# the float dtypes a scale tensor may have, read exactly as float32
+_SCALE_DTYPES = ("F32", "F16", "BF16")
 _NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
           "I64": np.int64, "U64": np.uint64, "I32": np.int32, "U32": np.uint32,
           "I16": np.int16, "U16": np.uint16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
@@ -192,16 +195,29 @@ class SafetensorsFile(Mapping[str, TorchWeights]):
     :class:`TorchWeights`.
 
     Opening reads and validates the header only; tensor data stays on disk until a kernel
-    reads it. ``file[name]`` gives a 2-D F16 / BF16 / F32 tensor as a zero-copy
-    :class:`TorchWeights`: PyTorch's ``(out_features, in_features)`` layout, the one
-    checkpoints store. ``nm.Linear(file[name])`` computes ``x @ W.T``; narrowmm's own
+    reads it. ``file[name]`` gives a 2-D F16 / BF16 / F32 / F8_E4M3 / F8_E5M2 tensor as a
+    zero-copy :class:`TorchWeights`: PyTorch's ``(out_features, in_features)`` layout, the
+    one checkpoints store. ``nm.Linear(file[name])`` computes ``x @ W.T``; narrowmm's own
     ``(in, out)`` :class:`Weights` take an explicit ``file[name].transpose()``. Other
     tensors are listed (``info``) and readable as arrays (:meth:`array`); asking for them as
     weights raises :class:`SafetensorsError` saying why.
+
+    An FP8 weight comes with its scales, found by the two conventions Hugging Face
+    checkpoints use (:meth:`scales`): ``<name>_scale_inv``, a grid of ``fp8_block``
+    blocks (DeepSeek-V3, Qwen3-FP8: 128 x 128), or ``<name>_scale``, one scale or one per
+    output feature (compressed-tensors, FBGEMM). Either way the weight is ``q * scale``.
+
+    Args:
+        path: the file.
+        fp8_block: ``(out, in)`` size of the blocks of ``*_scale_inv`` grids.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *,
+                 fp8_block: tuple[int, int] = (128, 128)) -> None:
         self.path = os.fspath(path)
+        if len(fp8_block) != 2 or any(not isinstance(b, int) or b <= 0 for b in fp8_block):
+            raise ValueError(f"fp8_block must be two positive sizes, got {fp8_block!r}")
+        self.fp8_block = tuple(fp8_block)
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) |
                      getattr(os, "O_CLOEXEC", 0))
@@ -260,12 +276,66 @@ class SafetensorsFile(Mapping[str, TorchWeights]):
         t = self._entry(name)
         if t.format is None:
             raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {t.dtype}; "
-                                   "narrowmm loads F16, BF16 and F32 weights")
+                                   "narrowmm loads F16, BF16, F32, F8_E4M3 and F8_E5M2 "
+                                   "weights")
         if len(t.shape) != 2:
             raise SafetensorsError(f"{self.path}: tensor {name!r} has shape {t.shape}; "
                                    "weights must be 2-D (use .array() for other tensors)")
         bits = self.array(name)
-        return TorchWeights(bits.view(np.uint16) if t.dtype == "F16" else bits, t.format)
+        if not t.dtype.startswith("F8_"):
+            return TorchWeights(bits.view(np.uint16) if t.dtype == "F16" else bits, t.format)
+        try:
+            return TorchWeights(bits, t.format, self.scales(name))
+        except SafetensorsError:
+            raise
+        except ValueError as exc:  # scales the format cannot take (NaN, too large)
+            raise SafetensorsError(f"{self.path}: the scales of {name!r}: {exc}") from None
+
+    def _scale_values(self, name: str) -> np.ndarray:
+        t = self._entry(name)
+        if t.dtype not in _SCALE_DTYPES:
+            raise SafetensorsError(f"{self.path}: scale tensor {name!r} has dtype {t.dtype}; "
+                                   f"expected one of {', '.join(_SCALE_DTYPES)}")
+        a = self.array(name)
+        if t.dtype == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32)
+        return a.astype(np.float32)
+
+    def scales(self, name: str) -> Scales:
+        """The :class:`Scales` of FP8 weight ``name``, in its ``(out, in)`` orientation.
+
+        ``<name>_scale_inv`` (DeepSeek's name: the factor that undoes the quantization) is
+        a ``(ceil(out / bo), ceil(in / bi))`` grid for ``fp8_block = (bo, bi)``;
+        ``<name>_scale`` holds one scale (shape ``()`` or ``(1,)``) or one per output
+        feature (``(out,)`` or ``(out, 1)``). With neither, the weights are taken as they
+        are (scale 1.0).
+
+        Raises:
+            SafetensorsError: a scale tensor of the wrong dtype or shape.
+        """
+        out, inp = self._entry(name).shape
+        if name + "_scale_inv" in self.info:
+            sname = name + "_scale_inv"
+            grid = self._scale_values(sname)
+            bo, bi = self.fp8_block
+            want = (-(-out // bo), -(-inp // bi))
+            if grid.shape != want:
+                raise SafetensorsError(
+                    f"{self.path}: {sname!r} has shape {grid.shape}, but ({out}, {inp}) "
+                    f"weights in {bo} x {bi} blocks need {want}; open the file with the "
+                    f"checkpoint's block size (load_safetensors(path, fp8_block=...))")
+            return Scales.blocks(grid, (bo, bi))
+        if name + "_scale" in self.info:
+            sname = name + "_scale"
+            v = self._scale_values(sname)
+            if v.size == 1:
+                return Scales.tensor(float(v.reshape(-1)[0]))
+            if v.shape in ((out,), (out, 1)):
+                return Scales(v.reshape(out, 1), (1, 0))
+            raise SafetensorsError(
+                f"{self.path}: {sname!r} has shape {v.shape}; expected one scale or one per "
+                f"output feature ({out},) or ({out}, 1)")
+        return Scales.tensor(1.0)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.info)
@@ -277,13 +347,15 @@ class SafetensorsFile(Mapping[str, TorchWeights]):
         return f"<SafetensorsFile {self.path!r}: {len(self)} tensors>"
 
 
-def load_safetensors(path: str | os.PathLike[str]) -> SafetensorsFile:
+def load_safetensors(path: str | os.PathLike[str], *,
+                     fp8_block: tuple[int, int] = (128, 128)) -> SafetensorsFile:
     """Open a ``.safetensors`` file, memory-mapped: a mapping name -> :class:`TorchWeights`
-    (PyTorch's ``(out_features, in_features)`` layout).
+    (PyTorch's ``(out_features, in_features)`` layout). FP8 weights come with their scales
+    (see :class:`SafetensorsFile`; ``fp8_block`` is the block of ``*_scale_inv`` grids).
 
     Raises :class:`SafetensorsError` (a ValueError) naming the tensor and the problem for a
     malformed file: truncated, header length past the end, a non-UTF-8 or non-JSON header,
     an unknown dtype, offsets out of range, overlapping or leaving holes, or a shape that
     does not match its byte range.
     """
-    return SafetensorsFile(path)
+    return SafetensorsFile(path, fp8_block=fp8_block)

@@ -6,6 +6,7 @@ import numpy as np
 
 from ._formats import FORMATS, Format, get_format
 from ._interop import Bf16Bits, as_array
+from ._scales import Scales, apply
 
 _BY_DTYPE_NAME = {name: f for f in FORMATS.values() for name in f.numpy_names}
 
@@ -14,6 +15,53 @@ def _format_of(a: np.ndarray) -> Format | None:
     if isinstance(a, Bf16Bits):
         return FORMATS["bf16"]
     return _BY_DTYPE_NAME.get(a.dtype.name)
+
+
+def checked_scales(fmt: Format, scales: Scales | None, shape: tuple[int, int],
+                   what: str = "weights") -> Scales | None:
+    """The scales a matrix of ``fmt`` and ``shape`` carries: None for a format without
+    scales (passing some is a ValueError), 1.0 for the whole matrix when a scaled format is
+    given none, else ``scales`` once checked against the shape."""
+    if not fmt.scaled:
+        if scales is not None:
+            raise ValueError(f"format {fmt.name!r} takes no scales")
+        return None
+    if scales is None:
+        return Scales.tensor(1.0)
+    if not isinstance(scales, Scales):
+        raise TypeError(f"scales must be a narrowmm.Scales, got {type(scales).__name__}")
+    scales.check(shape, what)
+    v = scales.values
+    if not (np.isfinite(v).all() and (np.abs(v) < fmt.max_scale).all()):
+        bad = v[~(np.isfinite(v) & (np.abs(v) < fmt.max_scale))].flat[0]
+        raise ValueError(f"{fmt.name} scales must be finite and below {fmt.max_scale:g} in "
+                         f"magnitude, got {bad!r}")
+    return scales
+
+
+_SPECIAL_CODES = {"e4m3fn": 0x7F, "e5m2": 0x7C}  # the magnitude bits all NaN/Inf codes share
+
+
+class _KernelScales:
+    """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
+    once per row width, and whether the weights hold no NaN/Inf code (looked at once)."""
+
+    __slots__ = ("_by_ld", "_finite")
+
+    def __init__(self) -> None:
+        self._by_ld: dict[int, tuple[np.ndarray, int]] = {}
+        self._finite: bool | None = None
+
+    def get(self, scales: Scales, fmt: Format, bits: np.ndarray, shape: tuple[int, int],
+            ld: int) -> tuple[np.ndarray, int, bool]:
+        if ld not in self._by_ld:
+            grid, bk = scales.expanded(shape, ld)
+            grid *= np.float32(2.0 ** fmt.scale_exponent)  # exact: checked_scales' bound
+            self._by_ld[ld] = grid, bk
+        if self._finite is None:
+            special = np.uint8(_SPECIAL_CODES[fmt.name])
+            self._finite = not bool(np.any((bits & special) == special))
+        return (*self._by_ld[ld], self._finite)
 
 
 def check_layout(a: np.ndarray, what: str) -> None:
@@ -34,26 +82,34 @@ def check_layout(a: np.ndarray, what: str) -> None:
 
 
 class Weights:
-    """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``, ``"bf16"``).
+    """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``,
+    ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``).
 
     ``Weights(array)`` wraps without copying: a NumPy float16 array is fp16, an ml_dtypes
-    bfloat16 array is bf16, a float32 array is f32; any object with ``__dlpack__`` (a
-    PyTorch float16 / bfloat16 / float32 tensor, say) is imported zero-copy first. Raw
-    16-bit patterns go through :meth:`from_bits`; float32 values to be rounded go through
-    :meth:`encode`.
+    bfloat16 array is bf16, an ml_dtypes float8_e4m3fn / float8_e5m2 array is e4m3fn /
+    e5m2, a float32 array is f32; any object with ``__dlpack__`` (a PyTorch float16 /
+    bfloat16 / float32 tensor, say) is imported zero-copy first. Raw bit patterns go
+    through :meth:`from_bits`; float32 values to be rounded go through :meth:`encode` or,
+    with scales computed from the values, :meth:`quantize`.
+
+    The FP8 formats carry :class:`~narrowmm.Scales` (1.0 for the whole matrix unless
+    given): weight (p, j) is ``fl32(decode(q[p, j]) * scale)``, and every provider, ISA and
+    thread count computes the same chains on those weights.
 
     The array must be 2-D with contiguous rows; row strides may be larger than a row
     (a sub-block of a bigger matrix) and the data need not be aligned.
 
     Attributes:
         format: the :class:`~narrowmm.Format`.
-        bits: the stored elements as a NumPy array of ``format.storage`` dtype (uint16 bit
-            patterns, or float32 for f32), sharing memory with what was wrapped.
+        bits: the stored elements as a NumPy array of ``format.storage`` dtype (uint16 or
+            uint8 bit patterns, or float32 for f32), sharing memory with what was wrapped.
+        scales: the :class:`~narrowmm.Scales` of a scaled format, else None.
     """
 
-    __slots__ = ("bits", "format")
+    __slots__ = ("_kernel_scales", "bits", "format", "scales")
 
-    def __init__(self, array: object, format: str | Format | None = None) -> None:
+    def __init__(self, array: object, format: str | Format | None = None,
+                 scales: Scales | None = None) -> None:
         if isinstance(array, TorchWeights):
             raise TypeError(f"{array!r} is in PyTorch's (out_features, in_features) layout; "
                             "narrowmm's Weights are (in_features, out_features): use "
@@ -61,14 +117,15 @@ class Weights:
         a = as_array(array, "weights")
         fmt = _format_of(a)
         if fmt is None:
-            if a.dtype.kind in "ui" and a.dtype.itemsize == 2:
+            if a.dtype.kind in "ui" and a.dtype.itemsize in (1, 2):
                 raise TypeError(
                     f"weights of dtype {a.dtype} are raw bits: use "
                     "Weights.from_bits(bits, format) and name the format"
                 )
             raise TypeError(
                 f"weights of dtype {a.dtype} cannot be wrapped; expected float16, "
-                "ml_dtypes bfloat16 or float32 (use Weights.encode to round float32 values)"
+                "ml_dtypes bfloat16 / float8_e4m3fn / float8_e5m2 or float32 (use "
+                "Weights.encode to round float32 values)"
             )
         if format is not None and get_format(format) is not fmt:
             wanted = get_format(format).name
@@ -76,25 +133,38 @@ class Weights:
         check_layout(a, "weights")
         self.format: Format = fmt
         self.bits: np.ndarray = a.view(np.ndarray).view(fmt.storage)
+        self.scales: Scales | None = checked_scales(fmt, scales, self.bits.shape)
+        self._kernel_scales = _KernelScales()
 
     @classmethod
-    def from_bits(cls, bits: object, format: str | Format) -> Weights:
-        """Wrap raw bit patterns: uint16 (or int16) for fp16/bf16, float32 or uint32 for f32."""
+    def from_bits(cls, bits: object, format: str | Format,
+                  scales: Scales | None = None) -> Weights:
+        """Wrap raw bit patterns: uint16 (or int16) for fp16/bf16, uint8 (or int8) for
+        e4m3fn/e5m2 (with their ``scales``, 1.0 if None), float32 or uint32 for f32."""
         fmt = get_format(format)
         a = as_array(bits, "bits").view(np.ndarray)
-        if fmt.itemsize == 2 and not (a.dtype.kind in "ui" and a.dtype.itemsize == 2):
-            raise TypeError(f"{fmt.name} bits must be uint16 or int16, got {a.dtype}")
+        if fmt.itemsize in (1, 2) and not (a.dtype.kind in "ui"
+                                           and a.dtype.itemsize == fmt.itemsize):
+            kind = "uint16 or int16" if fmt.itemsize == 2 else "uint8 or int8"
+            raise TypeError(f"{fmt.name} bits must be {kind}, got {a.dtype}")
         if fmt.itemsize == 4 and a.dtype not in (np.dtype(np.uint32), np.dtype(np.float32)):
             raise TypeError(f"f32 bits must be uint32 or float32, got {a.dtype}")
         check_layout(a, "bits")
         self = cls.__new__(cls)
         self.format = fmt
         self.bits = a.view(fmt.storage)
+        self.scales = checked_scales(fmt, scales, self.bits.shape)
+        self._kernel_scales = _KernelScales()
         return self
 
     @classmethod
-    def encode(cls, values: object, format: str | Format) -> Weights:
-        """Round float32 ``values`` (k, n) to ``format`` (nearest even) into new storage."""
+    def encode(cls, values: object, format: str | Format, *,
+               saturate: bool = False) -> Weights:
+        """Round float32 ``values`` (k, n) to ``format`` (nearest even) into new storage.
+
+        For an FP8 format the values are stored as they are, with a scale of 1.0 (see
+        :meth:`quantize` for scales fitted to the values); ``saturate=True`` clamps what
+        overflows to the largest finite value instead of NaN (e4m3fn) or Inf (e5m2)."""
         from ._api import encode
 
         fmt = get_format(format)
@@ -105,7 +175,55 @@ class Weights:
             if a.dtype != np.float32:
                 raise TypeError(f"values must be float32, got {a.dtype}")
             return cls.from_bits(np.array(a, dtype=np.float32, order="C"), fmt)
-        return cls.from_bits(encode(a, fmt), fmt)
+        return cls.from_bits(encode(a, fmt, saturate=saturate), fmt)
+
+    @classmethod
+    def quantize(cls, values: object, format: str | Format = "e4m3fn",
+                 block: str | tuple[int, int] = "columns") -> Weights:
+        """Scaled FP8 weights for float32 ``values`` (k, n): each block's scale is its
+        largest magnitude over the format's largest finite value (1.0 for an all-zero
+        block), and ``q = encode(values / scale, saturate=True)``.
+
+        Args:
+            values: float32 (k, n), finite.
+            format: ``"e4m3fn"`` or ``"e5m2"``.
+            block: ``"columns"`` (one scale per output column, the default),
+                ``"tensor"`` (one scale), or ``(bk, bn)`` blocks (e.g. ``(128, 128)``).
+        """
+        fmt = get_format(format)
+        if not fmt.scaled:
+            raise ValueError(f"quantize makes scaled weights; {fmt.name!r} has no scales")
+        a = as_array(values, "values")
+        if a.ndim != 2 or a.dtype != np.float32:
+            raise TypeError(f"values must be 2-D float32, got {a.dtype} of shape {a.shape}")
+        if not np.isfinite(a).all():
+            raise ValueError("values to quantize must be finite")
+        k, n = a.shape
+        if block == "columns":
+            bk, bn = 0, 1
+        elif block == "tensor":
+            bk, bn = 0, 0
+        elif isinstance(block, tuple) and len(block) == 2 and all(
+                isinstance(b, int) and b > 0 for b in block):
+            bk, bn = block
+        else:
+            raise ValueError(f"block must be 'columns', 'tensor' or (bk, bn) positive "
+                             f"sizes, got {block!r}")
+        rows_b = k if bk == 0 else bk
+        cols_b = n if bn == 0 else bn
+        kb, nb = max(1, -(-k // rows_b)), max(1, -(-n // cols_b))
+        mag = np.zeros((kb * rows_b, nb * cols_b), np.float32)
+        mag[:k, :n] = np.abs(a)
+        amax = mag.reshape(kb, rows_b, nb, cols_b).max(axis=(1, 3))
+        grid = np.where(amax > 0, amax / np.float32(fmt.max_finite), np.float32(1))
+        scales = Scales(grid.astype(np.float32), (bk, bn))
+        expanded, step = scales.expanded((k, n), n)
+        with np.errstate(all="ignore"):
+            scaled = a / expanded[np.arange(k) // step]
+        from ._api import encode
+
+        return cls.from_bits(encode(np.ascontiguousarray(scaled), fmt, saturate=True), fmt,
+                             scales)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -118,12 +236,27 @@ class Weights:
         return self.bits.size * self.format.itemsize
 
     def decode(self) -> np.ndarray:
-        """The exact float32 values as a new (k, n) array."""
+        """The exact float32 weights as a new (k, n) array (with their scales applied:
+        ``fl32(decode(q) * scale)`` for a scaled format)."""
         from ._api import decode
 
         if self.format.name == "f32":
             return np.array(self.bits, dtype=np.float32)
-        return decode(self.bits, self.format)
+        values = decode(self.bits, self.format)
+        return values if self.scales is None else apply(values, self.scales)
+
+    def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
+        """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
+        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent``, and
+        whether no weight is a NaN/Inf code. Made once per ``ld``; None without scales."""
+        if self.scales is None:
+            return None
+        return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld)
+
+    def provider_scales(self) -> tuple[np.ndarray, int] | None:
+        """The scales as the NumPy and reference providers take them: the grid
+        :meth:`Scales.expanded` to n columns, and bk; None without scales."""
+        return None if self.scales is None else self.scales.expanded(self.shape, self.shape[1])
 
     def pack(self) -> PackedWeights:
         """A copy in the native ISA row's packed layout, for faster calls with the same bits.
@@ -142,11 +275,12 @@ class Weights:
 
         c = checked_core()
         return PackedWeights(pack_slivers(self.bits, int(c.pack_width())), self.shape[1],
-                             self.format, c.isa())
+                             self.format, c.isa(), self.scales)
 
     def __repr__(self) -> str:
         k, n = self.shape
-        return f"Weights(k={k}, n={n}, format={self.format.name!r})"
+        extra = "" if self.scales is None else f", scales={self.scales!r}"
+        return f"Weights(k={k}, n={n}, format={self.format.name!r}{extra})"
 
 
 def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
@@ -177,9 +311,10 @@ class PackedWeights:
         bits: the slivers, shape ``(ceil(n / width), k, width)``, columns past n zero.
     """
 
-    __slots__ = ("_n", "_slivers", "bits", "format", "isa", "width")
+    __slots__ = ("_kernel_scales", "_n", "_slivers", "bits", "format", "isa", "scales", "width")
 
-    def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str) -> None:
+    def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str,
+                 scales: Scales | None = None) -> None:
         self.bits: np.ndarray = bits
         # the (slivers * k, width) view the native binding takes, made once, not per call
         self._slivers = bits.reshape(-1, bits.shape[2])
@@ -187,6 +322,8 @@ class PackedWeights:
         self.format: Format = format
         self.width: int = bits.shape[2]
         self.isa: str = isa
+        self.scales: Scales | None = checked_scales(format, scales, self.shape)
+        self._kernel_scales = _KernelScales()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -202,7 +339,17 @@ class PackedWeights:
         """The row-major :class:`Weights` again (a new array)."""
         k, n = self.shape
         rows = self.bits.transpose(1, 0, 2).reshape(k, self.bits.shape[0] * self.width)[:, :n]
-        return Weights.from_bits(np.ascontiguousarray(rows), self.format)
+        return Weights.from_bits(np.ascontiguousarray(rows), self.format, self.scales)
+
+    def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
+        """As :meth:`Weights.kernel_scales`."""
+        if self.scales is None:
+            return None
+        return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld)
+
+    def provider_scales(self) -> tuple[np.ndarray, int] | None:
+        """As :meth:`Weights.provider_scales`."""
+        return None if self.scales is None else self.scales.expanded(self.shape, self.shape[1])
 
     def decode(self) -> np.ndarray:
         """The exact float32 values as a new (k, n) array."""
@@ -210,8 +357,9 @@ class PackedWeights:
 
     def __repr__(self) -> str:
         k, n = self.shape
+        extra = "" if self.scales is None else f", scales={self.scales!r}"
         return (f"PackedWeights(k={k}, n={n}, format={self.format.name!r}, "
-                f"width={self.width}, isa={self.isa!r})")
+                f"width={self.width}, isa={self.isa!r}{extra})")
 
 
 class TorchWeights:
@@ -227,16 +375,25 @@ class TorchWeights:
 
     Attributes:
         format: the :class:`~narrowmm.Format`.
-        bits: ``(out_features, in_features)`` stored elements (uint16 bits, or float32),
-            sharing memory with what was wrapped (a memory-mapped file, say).
+        bits: ``(out_features, in_features)`` stored elements (uint16 / uint8 bits, or
+            float32), sharing memory with what was wrapped (a memory-mapped file, say).
+        scales: a scaled format's :class:`~narrowmm.Scales`, in this ``(out_features,
+            in_features)`` orientation; None for the others.
     """
 
-    __slots__ = ("bits", "format")
+    __slots__ = ("bits", "format", "scales")
 
-    def __init__(self, bits: np.ndarray, format: str | Format) -> None:
+    def __init__(self, bits: np.ndarray, format: str | Format,
+                 scales: Scales | None = None) -> None:
         w = Weights.from_bits(bits, format)  # the same checks on dtype and layout
         self.bits: np.ndarray = w.bits
         self.format: Format = w.format
+        self.scales: Scales | None = checked_scales(w.format, scales, w.bits.shape)
+
+    def with_scales(self, scales: Scales) -> TorchWeights:
+        """The same stored weights with ``scales`` (``(out_features, in_features)``
+        orientation): a checkpoint keeps them in a tensor of their own."""
+        return TorchWeights(self.bits, self.format, scales)
 
     @classmethod
     def wrap(cls, array: object) -> TorchWeights:
@@ -263,9 +420,13 @@ class TorchWeights:
         """Bytes of the stored elements."""
         return self.bits.size * self.format.itemsize
 
+    def _kn_scales(self) -> Scales | None:
+        return None if self.scales is None else self.scales.transpose()
+
     def transpose(self) -> Weights:
         """narrowmm's ``(in_features, out_features)`` :class:`Weights`: a transposed copy."""
-        return Weights.from_bits(np.ascontiguousarray(self.bits.T), self.format)
+        return Weights.from_bits(np.ascontiguousarray(self.bits.T), self.format,
+                                 self._kn_scales())
 
     def pack(self) -> PackedWeights:
         """The native ISA row's packed layout (:meth:`Weights.pack`), built straight from
@@ -274,12 +435,14 @@ class TorchWeights:
 
         c = checked_core()
         return PackedWeights(pack_slivers(self.bits.T, int(c.pack_width())),
-                             self.out_features, self.format, c.isa())
+                             self.out_features, self.format, c.isa(), self._kn_scales())
 
     def decode(self) -> np.ndarray:
-        """The exact float32 values as a new ``(out_features, in_features)`` array."""
-        return Weights.from_bits(self.bits, self.format).decode()
+        """The exact float32 weights as a new ``(out_features, in_features)`` array (scales
+        applied)."""
+        return Weights.from_bits(self.bits, self.format, self.scales).decode()
 
     def __repr__(self) -> str:
+        extra = "" if self.scales is None else f", scales={self.scales!r}"
         return (f"TorchWeights(out_features={self.out_features}, "
-                f"in_features={self.in_features}, format={self.format.name!r})")
+                f"in_features={self.in_features}, format={self.format.name!r}{extra})")

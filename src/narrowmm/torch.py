@@ -24,6 +24,7 @@ from . import _threads
 from ._api import encode, matmul
 from ._formats import FORMATS, Format, get_format
 from ._linear import Linear as _NumpyLinear
+from ._scales import Scales
 from ._torch_invariant import check_supported, is_batch_invariant, make_batch_invariant
 from ._torch_shard import (
     ShardedLinear,
@@ -54,10 +55,20 @@ def _numpy_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
     return a.view(np.uint16) if fmt.itemsize == 2 else a
 
 
+def _plain_scales(scales: tuple[np.ndarray, int, bool], fmt: Format,
+                  out_features: int) -> Scales:
+    """The Scales behind the kernels' form (one per column per block of rows, times 2^r)."""
+    grid, bk, _ = scales
+    plain = grid[:, :out_features] * np.float32(2.0 ** -fmt.scale_exponent)  # exact
+    return Scales(plain, (bk, 1))
+
+
 def _linear_arrays(xa: np.ndarray, bits: np.ndarray, bias: np.ndarray | None, fmt: Format,
-                   out_features: int, packed: bool) -> np.ndarray:
+                   out_features: int, packed: bool,
+                   scales: tuple[np.ndarray, int, bool] | None = None) -> np.ndarray:
     """``xa`` (..., k) float32 through the layer's NumPy views: bits as the binding takes
-    them ((k, n) rows, or (slivers * k, width) packed). The bias is copied into the output
+    them ((k, n) rows, or (slivers * k, width) packed), and for a scaled format its scales
+    in the kernels' form (``Weights.kernel_scales``). The bias is copied into the output
     first and the chains accumulate from it."""
     x2 = xa.reshape(-1, xa.shape[-1])
     out = np.empty((x2.shape[0], out_features), np.float32)
@@ -65,15 +76,17 @@ def _linear_arrays(xa: np.ndarray, bits: np.ndarray, bias: np.ndarray | None, fm
     if accumulate:
         out[...] = bias
     provider, _ = resolve("matmul", fmt)  # honours use_provider and NARROWMM_* checks
+    extra = () if scales is None else scales
     if provider.name == "native":  # the binding checks shapes, strides and the pack width
         if packed:
-            core().matmul_packed(fmt.code, x2, bits, out_features, out, accumulate)
+            core().matmul_packed(fmt.code, x2, bits, out_features, out, accumulate, *extra)
         else:
-            core().matmul(fmt.code, x2, bits, out, accumulate)
+            core().matmul(fmt.code, x2, bits, out, accumulate, *extra)
     else:
+        plain = None if scales is None else _plain_scales(scales, fmt, out_features)
         w = (PackedWeights(bits.reshape(-1, x2.shape[1], bits.shape[1]), out_features, fmt,
-                           _pack_isa(bits.shape[1])) if packed
-             else Weights.from_bits(bits, fmt))
+                           _pack_isa(bits.shape[1]), plain) if packed
+             else Weights.from_bits(bits, fmt, plain))
         matmul(x2, w, out=out, accumulate=accumulate)
     return out.reshape(*xa.shape[:-1], out_features)
 
@@ -85,30 +98,40 @@ def _binding_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
 
 
 def _linear_numpy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  format_code: int, out_features: int, packed: bool) -> torch.Tensor:
+                  format_code: int, out_features: int, packed: bool,
+                  scales: torch.Tensor | None, scale_block: int,
+                  finite: bool) -> torch.Tensor:
     """The operator's CPU implementation: the result is a tensor over narrowmm's output."""
     if x.dtype != torch.float32:
         raise TypeError(f"narrowmm.linear takes float32 input, got {x.dtype} (the module "
                         "narrowmm.torch.Linear widens bfloat16 and float16 itself)")
     fmt = _BY_CODE[format_code]
+    ks = None if scales is None else (scales.numpy(), scale_block, finite)
     out = _linear_arrays(x.contiguous().numpy(), _binding_bits(weight, fmt),
-                         None if bias is None else bias.numpy(), fmt, out_features, packed)
+                         None if bias is None else bias.numpy(), fmt, out_features, packed,
+                         ks)
     return torch.from_numpy(out)
 
 
 @torch.library.custom_op("narrowmm::linear", mutates_args=(), device_types="cpu")
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               format_code: int, out_features: int, packed: bool) -> torch.Tensor:
+               format_code: int, out_features: int, packed: bool,
+               scales: torch.Tensor | None = None, scale_block: int = 0,
+               finite: bool = False) -> torch.Tensor:
     """``x @ W.T + bias`` for float32 ``x`` of shape ``(..., in_features)``.
 
     ``weight`` holds narrowmm's bits: ``(in_features, out_features)`` row-major, or the
     packed slivers ``(slivers, in_features, width)`` when ``packed``; 16-bit formats are
-    stored as int16."""
-    return _linear_numpy(x, weight, bias, format_code, out_features, packed)
+    stored as int16, 8-bit ones as uint8. A scaled format (FP8) passes its scales in the
+    kernels' form (``Weights.kernel_scales``): the grid, its block of rows, and whether the
+    weights hold no NaN/Inf code."""
+    return _linear_numpy(x, weight, bias, format_code, out_features, packed, scales,
+                         scale_block, finite)
 
 
 @_linear_op.register_fake
-def _linear_fake(x, weight, bias, format_code, out_features, packed):
+def _linear_fake(x, weight, bias, format_code, out_features, packed, scales=None,
+                 scale_block=0, finite=False):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
@@ -146,6 +169,15 @@ class Linear(torch.nn.Module):
         self.packed = isinstance(weights, PackedWeights)
         bits = weights.bits.view(np.int16) if weights.format.itemsize == 2 else weights.bits
         self.register_buffer("weight_bits", torch.from_numpy(bits), persistent=False)
+        # a scaled format's scales in the kernels' form (Weights.kernel_scales)
+        self.scale_block, self.finite = 0, False
+        scales = None
+        if weights.format.scaled:
+            n = self.out_features
+            ld = -(-n // weights.width) * weights.width if self.packed else n
+            grid, self.scale_block, self.finite = weights.kernel_scales(ld)
+            scales = torch.from_numpy(grid)
+        self.register_buffer("weight_scales", scales, persistent=False)
         self.register_buffer("bias", None if bias is None else torch.from_numpy(
             np.ascontiguousarray(bias, dtype=np.float32)), persistent=False)
         # (weight_bits, bias, their NumPy views): rebuilt if a buffer is replaced
@@ -154,18 +186,27 @@ class Linear(torch.nn.Module):
     @classmethod
     def from_torch(cls, linear: torch.nn.Linear, format: str = "bf16", *,
                    pack: bool = True) -> Linear:
-        """The layer of ``linear`` with its weights in ``format`` (``"bf16"``, ``"fp16"``
-        or ``"f32"``): float32 weights are rounded to nearest even, weights already in
-        ``format`` are taken bit for bit. ``pack`` stores the CPU's packed layout (the same
-        bits, faster at small batches)."""
+        """The layer of ``linear`` with its weights in ``format`` (``"bf16"``, ``"fp16"``,
+        ``"f32"``, ``"e4m3fn"`` or ``"e5m2"``): float32 weights are rounded to nearest even,
+        weights already in ``format`` are taken bit for bit. The FP8 formats get one scale
+        per output feature, its largest weight magnitude over the format's largest finite
+        value (:meth:`narrowmm.Weights.quantize`). ``pack`` stores the CPU's packed layout
+        (the same bits, faster at small batches)."""
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"from_torch takes a torch.nn.Linear, got {type(linear).__name__}")
         fmt = get_format(format)
         weight = linear.weight.detach()
         if weight.device.type != "cpu":
             raise ValueError(f"narrowmm runs on the CPU; the weight is on {weight.device}")
-        tw = _torch_weights(weight, fmt)
         bias = None if linear.bias is None else linear.bias.detach().float().numpy()
+        if fmt.scaled:  # per output feature = per column of narrowmm's (in, out) layout
+            if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise TypeError(f"weight dtype {weight.dtype} is not float32, bfloat16 or "
+                                "float16")
+            w = Weights.quantize(np.ascontiguousarray(weight.float().numpy().T), fmt,
+                                 "columns")
+            return cls(w.pack() if pack else w, bias)
+        tw = _torch_weights(weight, fmt)
         return cls.from_weights(tw, bias, pack=pack)
 
     @classmethod
@@ -197,19 +238,27 @@ class Linear(torch.nn.Module):
             if self._views[0] is not weight_bits or self._views[1] is not bias:
                 self._views = (weight_bits, bias, _binding_bits(weight_bits, self.format),
                                None if bias is None else bias.numpy())
+            ks = (None if self.weight_scales is None
+                  else (self.weight_scales.numpy(), self.scale_block, self.finite))
             y = torch.from_numpy(_linear_arrays(x.numpy(), self._views[2], self._views[3],
-                                                self.format, self.out_features, self.packed))
+                                                self.format, self.out_features, self.packed,
+                                                ks))
         else:  # traced: the registered operator, which torch.compile and export see
             y = torch.ops.narrowmm.linear(x, self.weight_bits, self.bias, self.format.code,
-                                          self.out_features, self.packed)
+                                          self.out_features, self.packed, self.weight_scales,
+                                          self.scale_block, self.finite)
         return y if dtype == torch.float32 else y.to(dtype)
 
     def weights(self) -> Weights | PackedWeights:
         """The narrowmm weights this layer computes with (sharing its buffer)."""
         bits = _numpy_bits(self.weight_bits, self.format)
+        scales = (None if self.weight_scales is None else _plain_scales(
+            (self.weight_scales.numpy(), self.scale_block, self.finite), self.format,
+            self.out_features))
         if self.packed:
-            return PackedWeights(bits, self.out_features, self.format, _pack_isa(bits.shape[2]))
-        return Weights.from_bits(bits, self.format)
+            return PackedWeights(bits, self.out_features, self.format, _pack_isa(bits.shape[2]),
+                                 scales)
+        return Weights.from_bits(bits, self.format, scales)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -243,8 +292,9 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
 
     Args:
         model: any module; its ``nn.Linear`` children at any depth are replaced.
-        format: ``"bf16"``, ``"fp16"`` or ``"f32"``. A model already in that format keeps
-            every weight bit.
+        format: ``"bf16"``, ``"fp16"``, ``"f32"``, or FP8 ``"e4m3fn"`` / ``"e5m2"`` with
+            one scale per output feature (:meth:`Linear.from_torch`). A model already in
+            that format keeps every weight bit.
         pack: store the CPU's packed layout (same bits, faster at small batches).
         skip: module names left alone: a full name (``"encoder.layer.0.output.dense"``) or
             a last part (``"lm_head"``, every module so named).

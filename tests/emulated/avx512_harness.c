@@ -66,6 +66,8 @@ typedef struct emu_job {
     const float *a;    /* matmul: x; encode: the floats */
     const uint8_t *b;  /* matmul: weights (packed: the row's slivers); decode: 16-bit patterns */
     void *c;           /* matmul: out; decode: floats; encode: 16-bit patterns */
+    const float *s;    /* matmul of a scaled format: the kernels' scales (nm_scales), or 0 */
+    int64_t s_ld, s_bk, s_finite;
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -74,14 +76,17 @@ void nm_emu_main(emu_job *job) {
     nm_fill_row_avx512(&row);
     heap_used = 0;
     emulated_threads = (int)job->threads;
+    const nm_scales scales = {job->s, job->s_ld, job->s_bk, (int)job->s_finite};
+    const nm_scales *sc = job->s ? &scales : 0;
     switch (job->op) {
     case EMU_MATMUL:
         job->status = nm_matmul(&row, (int)job->fmt, job->m, job->n, job->k, job->a, job->lda,
-                                job->b, job->ldb, job->c, job->ldc, (int)job->accumulate);
+                                job->b, job->ldb, job->c, job->ldc, (int)job->accumulate, sc);
         break;
     case EMU_MATMUL_PACKED:
         job->status = nm_matmul_packed(&row, (int)job->fmt, job->m, job->n, job->k, job->a,
-                                       job->lda, job->b, job->c, job->ldc, (int)job->accumulate);
+                                       job->lda, job->b, job->c, job->ldc, (int)job->accumulate,
+                                       sc);
         break;
     case EMU_DECODE:
         row.decode[job->fmt]((const uint16_t *)job->b, job->c, job->n);

@@ -124,15 +124,16 @@ class Machine:
                                f"at {rip:#x}, not at its return")
 
 
-JOB = struct.Struct("<10q3Qq")  # emu_job in avx512_harness.c
+JOB = struct.Struct("<10q4Q4q")  # emu_job in avx512_harness.c
 
 
 def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
     """Each job: op, fmt, m, n, k, lda, ldb, ldc, accumulate, threads, a, b, c (bytes),
-    c_size, and b_offset (B's distance from a 64-byte boundary); returns each job's c window
+    c_size, and b_offset (B's distance from a 64-byte boundary); for a scaled format also
+    s (the kernels' scales, bytes), s_ld, s_bk and s_finite. Returns each job's c window
     (c_size bytes) after the call."""
-    data_bytes = max(JOB.size + len(j["a"]) + len(j["b"]) + j["c_size"] + 4 * 64
-                     for j in jobs)
+    data_bytes = max(JOB.size + len(j["a"]) + len(j["b"]) + j["c_size"] + len(j.get("s", b""))
+                     + 5 * 64 for j in jobs)
     machine = Machine(elf, data_bytes)
     results = []
     for j in jobs:
@@ -140,12 +141,17 @@ def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
         b_at = a_at + (len(j["a"]) + 63) // 64 * 64
         b_at += j.get("b_offset", 0)
         c_at = (b_at + len(j["b"]) + 63) // 64 * 64
+        s_bytes = j.get("s", b"")
+        s_at = (c_at + j["c_size"] + 63) // 64 * 64 if s_bytes else 0
         machine.write(a_at, j["a"])
         machine.write(b_at, j["b"])
         machine.write(c_at, j["c"])
+        if s_bytes:
+            machine.write(s_at, s_bytes)
         fields = [j[f] for f in ("op", "fmt", "m", "n", "k", "lda", "ldb", "ldc",
                                  "accumulate", "threads")]
-        machine.write(DATA, JOB.pack(*fields, a_at, b_at, c_at, -999))
+        scales = [j.get(f, 0) for f in ("s_ld", "s_bk", "s_finite")]
+        machine.write(DATA, JOB.pack(*fields, a_at, b_at, c_at, s_at, *scales, -999))
         machine.call(entry, DATA)
         status = JOB.unpack(machine.read(DATA, JOB.size))[-1]
         if status not in (0, 1):

@@ -28,6 +28,35 @@ static inline __m256 load8_bf16(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
 }
 
+/* raw() of 8 FP8 weights (nm_kernels.h), exact for every code: through F16C
+ * (x86_common.h builds the binary16 bits), then 2^-r times the binary16 scale (exact) */
+static inline __m256 load8_e4m3fn(const uint8_t *p) {
+    const __m256 v = _mm256_cvtph_ps(fp16_bits_of_e4m3fn(_mm_loadl_epi64((const __m128i *)p)));
+    return _mm256_mul_ps(v, _mm256_set1_ps(0x1p-112f)); /* 2^8 (binary16) * 2^-120 */
+}
+
+static inline __m256 load8_e5m2(const uint8_t *p) {
+    const __m256 v = _mm256_cvtph_ps(fp16_bits_of_e5m2(_mm_loadl_epi64((const __m128i *)p)));
+    return _mm256_mul_ps(v, _mm256_set1_ps(0x1p-112f));
+}
+
+/* raw() of 8 finite FP8 codes: sign-extend the bytes, shift and mask (kernel_common.h);
+ * three instructions, against F16C's 3-4 and a multiply */
+static inline __m256 load8_e4m3fn_finite(const uint8_t *p) {
+    const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(x, NM_E4M3FN_RAW_SHIFT),
+                                                _mm256_set1_epi32((int)NM_E4M3FN_RAW_MASK)));
+}
+
+static inline __m256 load8_e5m2_finite(const uint8_t *p) {
+    const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(x, NM_E5M2_RAW_SHIFT),
+                                                _mm256_set1_epi32((int)NM_E5M2_RAW_MASK)));
+}
+
+/* the scales of 8 columns (nm_kernels.h): one rounding per weight */
+#define SCALE8(w, sp) _mm256_mul_ps(w, _mm256_loadu_ps(sp))
+
 /* ---- m == 1: stream B four rows at a time, 32 columns per step ----------------------- */
 
 #define FMADD8(acc, x, y) _mm256_fmadd_ps(x, y, acc)
@@ -36,8 +65,9 @@ static inline __m256 load8_bf16(const uint8_t *p) {
  * thread) 16.3 GB/s of weights, against 9.0 for two gemvs and 7.5 for the 4-row tile half
  * empty; two rows of B a step 14.9, one 10.6. */
 NM_DEFINE_ROW_MAJOR_GEMVS(avx2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
-                          load8_f32, load8_fp16, load8_bf16, FMADD8, PREFETCH_T0,
-                          load1_fp16_f16c)
+                          load8_f32, load8_fp16, load8_bf16, load8_e4m3fn, load8_e5m2,
+                          load8_e4m3fn_finite, load8_e5m2_finite, FMADD8, PREFETCH_T0,
+                          load1_fp16_f16c, SCALE8)
 
 /* ---- packed weights -------------------------------------------------------------------
  * m == 1: four 24-column slivers at a time, 12 accumulators. Four contiguous streams per
@@ -48,14 +78,26 @@ NM_DEFINE_ROW_MAJOR_GEMVS(avx2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm2
  * none: 21.5 GB/s of fp16 weights against 13 for the tile (one thread, q_proj 8B, C
  * harness). */
 
-NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR, 4, 2, _mm256_set1_ps, _mm256_loadu_ps,
-                       _mm256_storeu_ps, load8_f32, load8_fp16, load8_bf16, FMADD8)
+NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR, 4, 2, 4, 2, _mm256_set1_ps, _mm256_loadu_ps,
+                       _mm256_storeu_ps, load8_f32, load8_fp16, load8_bf16, load8_e4m3fn,
+                       load8_e5m2, load8_e4m3fn_finite, load8_e5m2_finite, FMADD8, SCALE8)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
-NM_DEFINE_PACK(pack_f32_avx2, 4, 8, load8_f32, _mm256_storeu_ps, nm_load1_f32)
-NM_DEFINE_PACK(pack_fp16_avx2, 2, 8, load8_fp16, _mm256_storeu_ps, load1_fp16_f16c)
-NM_DEFINE_PACK(pack_bf16_avx2, 2, 8, load8_bf16, _mm256_storeu_ps, nm_load1_bf16)
+NM_DEFINE_PACK(pack_f32_avx2, 4, 8, load8_f32, _mm256_storeu_ps, nm_load1_f32, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_fp16_avx2, 2, 8, load8_fp16, _mm256_storeu_ps, load1_fp16_f16c,
+               NM_UNSCALED, NM_UNSCALED)
+NM_DEFINE_PACK(pack_bf16_avx2, 2, 8, load8_bf16, _mm256_storeu_ps, nm_load1_bf16, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_e4m3fn_avx2, 1, 8, load8_e4m3fn, _mm256_storeu_ps, nm_load1_e4m3fn_raw,
+               SCALE8, NM_SCALE1)
+NM_DEFINE_PACK(pack_e5m2_avx2, 1, 8, load8_e5m2, _mm256_storeu_ps, nm_load1_e5m2_raw, SCALE8,
+               NM_SCALE1)
+NM_DEFINE_PACK(pack_e4m3fn_finite_avx2, 1, 8, load8_e4m3fn_finite, _mm256_storeu_ps,
+               nm_load1_e4m3fn_raw, SCALE8, NM_SCALE1)
+NM_DEFINE_PACK(pack_e5m2_finite_avx2, 1, 8, load8_e5m2_finite, _mm256_storeu_ps,
+               nm_load1_e5m2_raw, SCALE8, NM_SCALE1)
 
 /* ---- the 4 x 24 microkernel: 12 accumulators, 3 B vectors, 1 broadcast ---------------
  * Named registers rather than an array: compilers keep these in ymm registers, where an
@@ -133,17 +175,18 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
  * GFLOP/s, 64 weights 94, 32 weights 86, none 67; m = 16: 84-87, 84-85, 60-63, 31-45). */
 #define B_AHEAD 64
 
-#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD8)                                      \
+#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD8, SCV)                                 \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
-                     float *c, int64_t ldc, const float *c_next) {                           \
+                     float *c, int64_t ldc, const float *c_next, const float *s) {           \
+        (void)s;                                                                             \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
             PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
-            const __m256 b0 = LOAD8(src), b1 = LOAD8(src + 8 * (ITEM)),                      \
-                         b2 = LOAD8(src + 16 * (ITEM));                                      \
+            const __m256 b0 = SCV(LOAD8(src), s), b1 = SCV(LOAD8(src + 8 * (ITEM)), s + 8),  \
+                         b2 = SCV(LOAD8(src + 16 * (ITEM)), s + 16);                         \
             float *bq = bp + p * NR;                                                         \
             _mm256_store_ps(bq, b0);                                                         \
             _mm256_store_ps(bq + 8, b1);                                                     \
@@ -154,9 +197,15 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
     }                                                                                        \
     NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
 
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx2, tile_pack_f32, 4, load8_f32)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx2, tile_pack_fp16, 2, load8_fp16)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx2, tile_pack_bf16, 2, load8_bf16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx2, tile_pack_f32, 4, load8_f32, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx2, tile_pack_fp16, 2, load8_fp16, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx2, tile_pack_bf16, 2, load8_bf16, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_avx2, tile_pack_e4m3fn, 1, load8_e4m3fn, SCALE8)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_avx2, tile_pack_e5m2, 1, load8_e5m2, SCALE8)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_avx2, tile_pack_e4m3fn_finite, 1,
+                       load8_e4m3fn_finite, SCALE8)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx2, tile_pack_e5m2_finite, 1,
+                       load8_e5m2_finite, SCALE8)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
@@ -236,6 +285,7 @@ void nm_fill_row_avx2(nm_kernel_row *row) {
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, avx2);
+    NM_SET_ALL_FINITE_SLOTS(row, avx2);
     NM_SET_CODEC_SLOTS(row, avx2);
     row->probe_fma = probe_fma_avx2;
     row->probe_fma_flops = 12 * 8 * 2;

@@ -32,25 +32,69 @@ static inline __m512 load16_bf16(const uint8_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
 }
 
+/* raw() of 16 FP8 weights through F16C, the avx2 row's bit construction (x86_common.h)
+ * widened, exact for every code; then the finite-codes version (kernel_common.h) */
+static inline __m512 load16_e4m3fn(const uint8_t *p) {
+    const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i mag = _mm256_and_si256(_mm256_slli_epi16(u, 7), _mm256_set1_epi16(0x3F80));
+    const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3F80));
+    mag = _mm256_xor_si256(mag, _mm256_and_si256(nan, _mm256_set1_epi16(0x3F80 ^ 0x7E00)));
+    const __m256i h = _mm256_or_si256(
+        mag, _mm256_and_si256(_mm256_slli_epi16(u, 8), _mm256_set1_epi16((short)0x8000)));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(0x1p-112f));
+}
+
+static inline __m512 load16_e5m2(const uint8_t *p) {
+    const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_slli_epi16(u, 8)), _mm512_set1_ps(0x1p-112f));
+}
+
+static inline __m512 load16_e4m3fn_finite(const uint8_t *p) {
+    const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(x, NM_E4M3FN_RAW_SHIFT),
+                                                _mm512_set1_epi32((int)NM_E4M3FN_RAW_MASK)));
+}
+
+static inline __m512 load16_e5m2_finite(const uint8_t *p) {
+    const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(x, NM_E5M2_RAW_SHIFT),
+                                                _mm512_set1_epi32((int)NM_E5M2_RAW_MASK)));
+}
+
+#define SCALE16(w, sp) _mm512_mul_ps(w, _mm512_loadu_ps(sp))
+
 /* ---- m == 1: stream B four rows at a time, 64 columns per step ----------------------- */
 
 #define FMADD16(acc, x, y) _mm512_fmadd_ps(x, y, acc)
 
 /* m == 2 (gemv2): the avx2 row's walk (untimed: no AVX-512 here) */
 NM_DEFINE_ROW_MAJOR_GEMVS(avx512, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
-                          _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, FMADD16,
-                          PREFETCH_T0, load1_fp16_f16c)
+                          _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
+                          load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, FMADD16,
+                          PREFETCH_T0, load1_fp16_f16c, SCALE16)
 
 /* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
  * one row and for two (16 accumulators of the 32 registers; untimed: no AVX-512 here) */
-NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
-                       _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, FMADD16)
+NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR, 4, 4, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
+                       _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
+                       load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, FMADD16, SCALE16)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
-NM_DEFINE_PACK(pack_f32_avx512, 4, 16, load16_f32, _mm512_storeu_ps, nm_load1_f32)
-NM_DEFINE_PACK(pack_fp16_avx512, 2, 16, load16_fp16, _mm512_storeu_ps, load1_fp16_f16c)
-NM_DEFINE_PACK(pack_bf16_avx512, 2, 16, load16_bf16, _mm512_storeu_ps, nm_load1_bf16)
+NM_DEFINE_PACK(pack_f32_avx512, 4, 16, load16_f32, _mm512_storeu_ps, nm_load1_f32,
+               NM_UNSCALED, NM_UNSCALED)
+NM_DEFINE_PACK(pack_fp16_avx512, 2, 16, load16_fp16, _mm512_storeu_ps, load1_fp16_f16c,
+               NM_UNSCALED, NM_UNSCALED)
+NM_DEFINE_PACK(pack_bf16_avx512, 2, 16, load16_bf16, _mm512_storeu_ps, nm_load1_bf16,
+               NM_UNSCALED, NM_UNSCALED)
+NM_DEFINE_PACK(pack_e4m3fn_avx512, 1, 16, load16_e4m3fn, _mm512_storeu_ps, nm_load1_e4m3fn_raw,
+               SCALE16, NM_SCALE1)
+NM_DEFINE_PACK(pack_e5m2_avx512, 1, 16, load16_e5m2, _mm512_storeu_ps, nm_load1_e5m2_raw,
+               SCALE16, NM_SCALE1)
+NM_DEFINE_PACK(pack_e4m3fn_finite_avx512, 1, 16, load16_e4m3fn_finite, _mm512_storeu_ps,
+               nm_load1_e4m3fn_raw, SCALE16, NM_SCALE1)
+NM_DEFINE_PACK(pack_e5m2_finite_avx512, 1, 16, load16_e5m2_finite, _mm512_storeu_ps,
+               nm_load1_e5m2_raw, SCALE16, NM_SCALE1)
 
 /* ---- the 8 x 32 microkernel: 16 accumulators, 2 B vectors, 1 broadcast ---------------
  * Half of the 32 zmm registers hold the tile; named registers, as in the avx2 row. A row of
@@ -109,16 +153,17 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
 /* ---- the first tile of a sliver, decoding B on the way (see the avx2 row) ------------- */
 #define B_AHEAD 64 /* weights: two slivers further along the same row */
 
-#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16)                                     \
+#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16, SCV)                                \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
-                     float *c, int64_t ldc, const float *c_next) {                           \
+                     float *c, int64_t ldc, const float *c_next, const float *s) {           \
+        (void)s;                                                                             \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             const uint8_t *src = b + p * ldb;                                                \
             PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
-            const __m512 b0 = LOAD16(src), b1 = LOAD16(src + 16 * (ITEM));                   \
+            const __m512 b0 = SCV(LOAD16(src), s), b1 = SCV(LOAD16(src + 16 * (ITEM)), s + 16); \
             _mm512_store_ps(bp + p * NR, b0);                                                \
             _mm512_store_ps(bp + p * NR + 16, b1);                                           \
             TILE_FMA_STEP(ap, p, b0, b1);                                                    \
@@ -127,9 +172,15 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
     }                                                                                        \
     NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
 
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx512, tile_pack_f32, 4, load16_f32)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx512, tile_pack_fp16, 2, load16_fp16)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx512, tile_pack_bf16, 2, load16_bf16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx512, tile_pack_f32, 4, load16_f32, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx512, tile_pack_fp16, 2, load16_fp16, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx512, tile_pack_bf16, 2, load16_bf16, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_avx512, tile_pack_e4m3fn, 1, load16_e4m3fn, SCALE16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_avx512, tile_pack_e5m2, 1, load16_e5m2, SCALE16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_avx512, tile_pack_e4m3fn_finite, 1,
+                       load16_e4m3fn_finite, SCALE16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx512, tile_pack_e5m2_finite, 1,
+                       load16_e5m2_finite, SCALE16)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
@@ -202,6 +253,7 @@ void nm_fill_row_avx512(nm_kernel_row *row) {
     row->ukernel = ukernel_8x32_avx512;
     row->ukernel_name = "ukernel_8x32_avx512";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, avx512);
+    NM_SET_ALL_FINITE_SLOTS(row, avx512);
     NM_SET_CODEC_SLOTS(row, avx512);
     row->probe_fma = probe_fma_avx512;
     row->probe_fma_flops = 12 * 16 * 2;

@@ -28,6 +28,50 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
 }
 
+/* raw() of 4 FP8 weights (nm_kernels.h), 4 bytes read (exactly: B may end there). Every
+ * code: as binary16 bits, then FCVTL and 2^-r times the binary16 scale, as the x86 rows do
+ * (x86_common.h): e5m2 is a binary16's high byte; e4m3fn's magnitude << 7 is a binary16 of
+ * value / 2^8, its NaN code becomes 0x7E00, and the sign moves to bit 15. Finite codes:
+ * sign-extend, shift and mask (kernel_common.h). Exact either way. */
+static inline uint16x4_t load4_u8_as_u16(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w))));
+}
+
+static inline float32x4_t load4_e5m2(const uint8_t *p) {
+    const float32x4_t v = vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(load4_u8_as_u16(p), 8)));
+    return vmulq_f32(v, vdupq_n_f32(0x1p-112f));
+}
+
+static inline float32x4_t load4_e4m3fn(const uint8_t *p) {
+    const uint16x4_t u = load4_u8_as_u16(p);
+    uint16x4_t mag = vand_u16(vshl_n_u16(u, 7), vdup_n_u16(0x3F80));
+    const uint16x4_t nan = vceq_u16(mag, vdup_n_u16(0x3F80));
+    mag = veor_u16(mag, vand_u16(nan, vdup_n_u16(0x3F80 ^ 0x7E00)));
+    const uint16x4_t h = vorr_u16(mag, vand_u16(vshl_n_u16(u, 8), vdup_n_u16(0x8000)));
+    return vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(h)), vdupq_n_f32(0x1p-112f));
+}
+
+static inline int32x4_t load4_s8_as_s32(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(w)))));
+}
+
+static inline float32x4_t load4_e4m3fn_finite(const uint8_t *p) {
+    const int32x4_t x = vshlq_n_s32(load4_s8_as_s32(p), NM_E4M3FN_RAW_SHIFT);
+    return vreinterpretq_f32_u32(
+        vandq_u32(vreinterpretq_u32_s32(x), vdupq_n_u32(NM_E4M3FN_RAW_MASK)));
+}
+
+static inline float32x4_t load4_e5m2_finite(const uint8_t *p) {
+    const int32x4_t x = vshlq_n_s32(load4_s8_as_s32(p), NM_E5M2_RAW_SHIFT);
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_s32(x), vdupq_n_u32(NM_E5M2_RAW_MASK)));
+}
+
+#define SCALE4(w, sp) vmulq_f32(w, vld1q_f32(sp))
+
 /* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
 
 /* No software prefetch: unmeasured on Arm hardware, the hardware prefetchers are trusted. */
@@ -35,18 +79,31 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
 
 /* m == 2 (gemv2): the avx2 row's walk (unmeasured on Arm) */
 NM_DEFINE_ROW_MAJOR_GEMVS(neon, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32, load4_f32,
-                          load4_fp16, load4_bf16, vfmaq_f32, NO_PREFETCH, nm_load1_fp16)
+                          load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2, load4_e4m3fn_finite,
+                          load4_e5m2_finite, vfmaq_f32, NO_PREFETCH, nm_load1_fp16, SCALE4)
 
 /* packed weights: four 8-column slivers at a time, for one row and for two (16 of the 32
  * registers); unmeasured on Arm, the avx2 walk */
-NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR, 4, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
-                       load4_f32, load4_fp16, load4_bf16, vfmaq_f32)
+NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR, 4, 4, 4, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
+                       load4_f32, load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2,
+                       load4_e4m3fn_finite, load4_e5m2_finite, vfmaq_f32, SCALE4)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
-NM_DEFINE_PACK(pack_f32_neon, 4, 4, load4_f32, vst1q_f32, nm_load1_f32)
-NM_DEFINE_PACK(pack_fp16_neon, 2, 4, load4_fp16, vst1q_f32, nm_load1_fp16)
-NM_DEFINE_PACK(pack_bf16_neon, 2, 4, load4_bf16, vst1q_f32, nm_load1_bf16)
+NM_DEFINE_PACK(pack_f32_neon, 4, 4, load4_f32, vst1q_f32, nm_load1_f32, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_fp16_neon, 2, 4, load4_fp16, vst1q_f32, nm_load1_fp16, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_bf16_neon, 2, 4, load4_bf16, vst1q_f32, nm_load1_bf16, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_e4m3fn_neon, 1, 4, load4_e4m3fn, vst1q_f32, nm_load1_e4m3fn_raw, SCALE4,
+               NM_SCALE1)
+NM_DEFINE_PACK(pack_e5m2_neon, 1, 4, load4_e5m2, vst1q_f32, nm_load1_e5m2_raw, SCALE4,
+               NM_SCALE1)
+NM_DEFINE_PACK(pack_e4m3fn_finite_neon, 1, 4, load4_e4m3fn_finite, vst1q_f32,
+               nm_load1_e4m3fn_raw, SCALE4, NM_SCALE1)
+NM_DEFINE_PACK(pack_e5m2_finite_neon, 1, 4, load4_e5m2_finite, vst1q_f32, nm_load1_e5m2_raw,
+               SCALE4, NM_SCALE1)
 
 /* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers ---------------
  * Packed A gives the 8 multipliers of step p as two contiguous vectors; each is applied
@@ -93,19 +150,27 @@ static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *ap
 }
 
 /* The first tile of a whole sliver decodes B as it goes (see nm_kernels.h). */
-#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD4)                                      \
+#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD4, SCV)                                 \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
-                     float *c, int64_t ldc, const float *c_next) {                           \
+                     float *c, int64_t ldc, const float *c_next, const float *s) {           \
         (void)c_next; /* no software prefetch on this row */                                 \
+        (void)s;                                                                             \
         TILE_8X8_BODY(c, ldc,                                                                \
-                      (b0 = LOAD4(b + p * ldb), b1 = LOAD4(b + p * ldb + 4 * (ITEM)),        \
+                      (b0 = SCV(LOAD4(b + p * ldb), s),                                      \
+                       b1 = SCV(LOAD4(b + p * ldb + 4 * (ITEM)), s + 4),                     \
                        vst1q_f32(bp + p * NR, b0), vst1q_f32(bp + p * NR + 4, b1)));         \
     }                                                                                        \
     NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
 
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_neon, tile_pack_f32, 4, load4_f32)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_neon, tile_pack_fp16, 2, load4_fp16)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_neon, tile_pack_bf16, 2, load4_bf16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_neon, tile_pack_f32, 4, load4_f32, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_neon, tile_pack_fp16, 2, load4_fp16, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_neon, tile_pack_bf16, 2, load4_bf16, NM_UNSCALED)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_neon, tile_pack_e4m3fn, 1, load4_e4m3fn, SCALE4)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_neon, tile_pack_e5m2, 1, load4_e5m2, SCALE4)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_neon, tile_pack_e4m3fn_finite, 1,
+                       load4_e4m3fn_finite, SCALE4)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_neon, tile_pack_e5m2_finite, 1,
+                       load4_e5m2_finite, SCALE4)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
@@ -164,6 +229,7 @@ void nm_fill_row_neon(nm_kernel_row *row) {
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, neon);
+    NM_SET_ALL_FINITE_SLOTS(row, neon);
     NM_SET_CODEC_SLOTS(row, neon);
     row->probe_fma = probe_fma_neon;
     row->probe_fma_flops = 16 * 4 * 2;

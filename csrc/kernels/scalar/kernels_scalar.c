@@ -11,7 +11,8 @@
 /* One definition of each gemv: straight i-p-j, B streamed row by row exactly once. */
 #define NM_DEFINE_GEMV(NAME, LOAD)                                                         \
     static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,  \
-                     float *c) {                                                           \
+                     float *c, const float *s) {                                           \
+        (void)s;                                                                           \
         for (int64_t p = 0; p < k; ++p) {                                                  \
             const float ap = a[p];                                                         \
             const uint8_t *row = b + p * ldb;                                              \
@@ -22,6 +23,9 @@
 NM_DEFINE_GEMV(gemv_f32_scalar, nm_load1_f32(row + 4 * j))
 NM_DEFINE_GEMV(gemv_fp16_scalar, nm_load1_fp16(row + 2 * j))
 NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
+/* scaled: fl32(raw(q) * s[j]), then the fma (nm_kernels.h) */
+NM_DEFINE_GEMV(gemv_e4m3fn_scalar, nm_load1_e4m3fn_raw(row + j) * s[j])
+NM_DEFINE_GEMV(gemv_e5m2_scalar, nm_load1_e5m2_raw(row + j) * s[j])
 
 #define STORE1(p, v) (*(p) = (v))
 #define LOAD1C(p) (*(p))
@@ -32,20 +36,34 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
 
 /* Two rows at once, from the SIMD rows' template with one-float "vectors": the same chains. */
 NM_DEFINE_GEMV2_SIMD(gemv2_f32_scalar, 4, float, 1, SET1, LOAD1C, STORE1, nm_load1_f32, FMAF_ACC,
-                     NO_PREFETCH, nm_load1_f32)
+                     NO_PREFETCH, nm_load1_f32, NM_UNSCALED, NM_UNSCALED)
 NM_DEFINE_GEMV2_SIMD(gemv2_fp16_scalar, 2, float, 1, SET1, LOAD1C, STORE1, nm_load1_fp16,
-                     FMAF_ACC, NO_PREFETCH, nm_load1_fp16)
+                     FMAF_ACC, NO_PREFETCH, nm_load1_fp16, NM_UNSCALED, NM_UNSCALED)
 NM_DEFINE_GEMV2_SIMD(gemv2_bf16_scalar, 2, float, 1, SET1, LOAD1C, STORE1, nm_load1_bf16,
-                     FMAF_ACC, NO_PREFETCH, nm_load1_bf16)
+                     FMAF_ACC, NO_PREFETCH, nm_load1_bf16, NM_UNSCALED, NM_UNSCALED)
+NM_DEFINE_GEMV2_SIMD(gemv2_e4m3fn_scalar, 1, float, 1, SET1, LOAD1C, STORE1,
+                     nm_load1_e4m3fn_raw, FMAF_ACC, NO_PREFETCH, nm_load1_e4m3fn_raw, NM_SCALE1,
+                     NM_SCALE1)
+NM_DEFINE_GEMV2_SIMD(gemv2_e5m2_scalar, 1, float, 1, SET1, LOAD1C, STORE1, nm_load1_e5m2_raw,
+                     FMAF_ACC, NO_PREFETCH, nm_load1_e5m2_raw, NM_SCALE1, NM_SCALE1)
 
 /* Packed weights, one 8-column sliver at a time: eight chains in locals for all of k, or
  * sixteen for two rows. */
-NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1, nm_load1_f32,
-                       nm_load1_fp16, nm_load1_bf16, FMAF_ACC)
+NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR, 1, 1, 1, 1, SET1, LOAD1C, STORE1,
+                       nm_load1_f32, nm_load1_fp16, nm_load1_bf16, nm_load1_e4m3fn_raw,
+                       nm_load1_e5m2_raw, nm_load1_e4m3fn_raw, nm_load1_e5m2_raw, FMAF_ACC,
+                       NM_SCALE1)
 
-NM_DEFINE_PACK(pack_f32_scalar, 4, 1, nm_load1_f32, STORE1, nm_load1_f32)
-NM_DEFINE_PACK(pack_fp16_scalar, 2, 1, nm_load1_fp16, STORE1, nm_load1_fp16)
-NM_DEFINE_PACK(pack_bf16_scalar, 2, 1, nm_load1_bf16, STORE1, nm_load1_bf16)
+NM_DEFINE_PACK(pack_f32_scalar, 4, 1, nm_load1_f32, STORE1, nm_load1_f32, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_fp16_scalar, 2, 1, nm_load1_fp16, STORE1, nm_load1_fp16, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_bf16_scalar, 2, 1, nm_load1_bf16, STORE1, nm_load1_bf16, NM_UNSCALED,
+               NM_UNSCALED)
+NM_DEFINE_PACK(pack_e4m3fn_scalar, 1, 1, nm_load1_e4m3fn_raw, STORE1, nm_load1_e4m3fn_raw,
+               NM_SCALE1, NM_SCALE1)
+NM_DEFINE_PACK(pack_e5m2_scalar, 1, 1, nm_load1_e5m2_raw, STORE1, nm_load1_e5m2_raw,
+               NM_SCALE1, NM_SCALE1)
 
 #define SCALAR_MR 4
 
@@ -72,11 +90,20 @@ NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_fp16_scalar, pack_fp16_scalar, uker
                                 SCALAR_NR)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_bf16_scalar, pack_bf16_scalar, ukernel_4x8_scalar,
                                 SCALAR_NR)
+NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_e4m3fn_scalar, pack_e4m3fn_scalar,
+                                ukernel_4x8_scalar, SCALAR_NR)
+NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_e5m2_scalar, pack_e5m2_scalar, ukernel_4x8_scalar,
+                                SCALAR_NR)
 
 NM_DEFINE_CODEC_LOOP(decode_fp16_scalar, uint16_t, float, nm_fp16_to_f32)
 NM_DEFINE_CODEC_LOOP(decode_bf16_scalar, uint16_t, float, nm_bf16_to_f32)
 NM_DEFINE_CODEC_LOOP(encode_fp16_scalar, float, uint16_t, nm_f32_to_fp16)
 NM_DEFINE_CODEC_LOOP(encode_bf16_scalar, float, uint16_t, nm_f32_to_bf16)
+/* the 8-bit codecs serve every row (they are not on the matmul path) */
+NM_DEFINE_CODEC_LOOP(decode_e4m3fn_scalar, uint8_t, float, nm_e4m3fn_to_f32)
+NM_DEFINE_CODEC_LOOP(decode_e5m2_scalar, uint8_t, float, nm_e5m2_to_f32)
+NM_DEFINE_ENCODE8_LOOP(encode_e4m3fn_scalar, nm_f32_to_e4m3fn)
+NM_DEFINE_ENCODE8_LOOP(encode_e5m2_scalar, nm_f32_to_e5m2)
 
 /* 8 independent scalar chains; the multiplier keeps values bounded and exact-free. */
 static float probe_fma_scalar(int64_t iters) {
@@ -112,7 +139,22 @@ void nm_fill_row_scalar(nm_kernel_row *row) {
     row->ukernel = ukernel_4x8_scalar;
     row->ukernel_name = "ukernel_4x8_scalar";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, scalar);
+    /* no faster decode for finite FP8 weights in portable C: the exact kernels serve them */
+    NM_SET_FINITE_SLOTS(row, gemv_packed, scalar);
+    NM_SET_FINITE_SLOTS(row, gemv2_packed, scalar);
+    for (int f = NM_FMT_E4M3FN; f <= NM_FMT_E5M2; ++f) {
+        const int v = f == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
+        row->gemv[v] = row->gemv[f], row->gemv_name[v] = row->gemv_name[f];
+        row->gemv2[v] = row->gemv2[f], row->gemv2_name[v] = row->gemv2_name[f];
+        row->pack[v] = row->pack[f], row->pack_name[v] = row->pack_name[f];
+        row->ukernel_pack[v] = row->ukernel_pack[f];
+        row->ukernel_pack_name[v] = row->ukernel_pack_name[f];
+    }
     NM_SET_CODEC_SLOTS(row, scalar);
+    NM_SET_SLOT(row, decode8, NM_FMT_E4M3FN, decode_e4m3fn_scalar);
+    NM_SET_SLOT(row, decode8, NM_FMT_E5M2, decode_e5m2_scalar);
+    NM_SET_SLOT(row, encode8, NM_FMT_E4M3FN, encode_e4m3fn_scalar);
+    NM_SET_SLOT(row, encode8, NM_FMT_E5M2, encode_e5m2_scalar);
     row->probe_fma = probe_fma_scalar;
     row->probe_fma_flops = 8 * 2;
     row->probe_read = probe_read_scalar;

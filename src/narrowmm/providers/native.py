@@ -67,21 +67,35 @@ def checked_core():
 def _matmul(fmt: Format):
     code = fmt.code
 
-    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
-        _core.matmul(code, x, bits, out, accumulate)
+    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool,
+            scales: tuple[np.ndarray, int, bool] | None = None) -> None:
+        """``scales``: the kernels' form, ``Weights.kernel_scales``."""
+        if scales is None:
+            _core.matmul(code, x, bits, out, accumulate)
+        else:
+            _core.matmul(code, x, bits, out, accumulate, *scales)
 
     return run
 
 
-def _codec(op: str, out_dtype: type):
-    """Builder of the encode or decode kernel: allocate the result, let C fill it."""
+def _codec(op: str, out_dtype: type | None):
+    """Builder of the encode or decode kernel: allocate the result, let C fill it. An
+    encoder's output dtype is the format's storage (out_dtype None)."""
 
     def build(fmt: Format):
         call = getattr(_core, op)
         code = fmt.code
+        dtype = fmt.storage if out_dtype is None else out_dtype
+
+        if op == "encode" and fmt.itemsize == 1:
+            def run8(src: np.ndarray, saturate: bool = False) -> np.ndarray:
+                out = np.empty(src.shape, dtype)
+                call(code, src, out, None, saturate)
+                return out
+            return run8
 
         def run(src: np.ndarray) -> np.ndarray:
-            out = np.empty(src.shape, out_dtype)
+            out = np.empty(src.shape, dtype)
             call(code, src, out)
             return out
 
@@ -96,7 +110,7 @@ class NativeProvider(Provider):
     name = "native"
     priority = 100
     checks_overlap = True
-    _builders: ClassVar[dict] = {"matmul": _matmul, "encode": _codec("encode", np.uint16),
+    _builders: ClassVar[dict] = {"matmul": _matmul, "encode": _codec("encode", None),
                                  "decode": _codec("decode", np.float32)}
 
     def available(self) -> bool:

@@ -76,8 +76,64 @@ def encode_bf16(values: np.ndarray) -> np.ndarray:
     return out
 
 
-_DECODE = {"fp16": decode_fp16, "bf16": decode_bf16}
-_ENCODE = {"fp16": encode_fp16, "bf16": encode_bf16}
+def _e4m3fn_table() -> np.ndarray:
+    """The 256 e4m3fn values: the 7 magnitude bits << 7 are a binary16 of value / 2^8."""
+    q = np.arange(256, dtype=np.uint16)
+    with np.errstate(all="ignore"):
+        mag = ((q & 0x7F) << 7).view(np.float16).astype(np.float32) * np.float32(256)
+    sign = (q.astype(np.uint32) & 0x80) << 24
+    words = mag.view(np.uint32) | sign
+    nan = (q & 0x7F) == 0x7F
+    words[nan] = 0x7FC00000 | sign[nan]
+    return words.view(np.float32)
+
+
+_E4M3FN = _e4m3fn_table()
+_E5M2 = decode_fp16(np.arange(256, dtype=np.uint16) << 8)
+
+
+def decode_e4m3fn(bits: np.ndarray) -> np.ndarray:
+    return _E4M3FN[bits]
+
+
+def decode_e5m2(bits: np.ndarray) -> np.ndarray:
+    return _E5M2[bits]
+
+
+def _encode8(values: np.ndarray, saturate: bool, shift: int, bias_add: int, normal_min: int,
+             step_add: float, big: int, top: int, nan_code: int) -> np.ndarray:
+    """The branch-free float32 -> FP8 rounding of codecs/codec_scalar.h, on whole arrays
+    (uint32 arithmetic wraps as C's does)."""
+    words = values.view(np.uint32)
+    sign = (words >> 24) & 0x80
+    a = words & _ABS
+    odd = (a >> shift) & 1
+    normal = (a + np.uint32(bias_add) + odd) >> shift
+    with np.errstate(all="ignore"):
+        aligned = (a.view(np.float32) + np.float32(step_add)).view(np.uint32)
+    subnormal = aligned - np.float32(step_add).view(np.uint32)
+    r = np.where(a < normal_min, subnormal, normal)
+    nan = a > _INF
+    over = ~nan & ((a >= big) | (r > top))
+    r = np.where(over, top if saturate else top + 1, r)
+    r = np.where(nan, nan_code, r)
+    return (sign | (r & 0x7F)).astype(np.uint8)
+
+
+def encode_e4m3fn(values: np.ndarray, saturate: bool = False) -> np.ndarray:
+    return _encode8(values, saturate, 20, 0xC407FFFF, 0x3C800000, 16384.0, 0x44000000, 0x7E,
+                    0x7F)
+
+
+def encode_e5m2(values: np.ndarray, saturate: bool = False) -> np.ndarray:
+    return _encode8(values, saturate, 21, 0xC80FFFFF, 0x38800000, 128.0, 0x47800000, 0x7B,
+                    0x7E)
+
+
+_DECODE = {"fp16": decode_fp16, "bf16": decode_bf16, "e4m3fn": decode_e4m3fn,
+           "e5m2": decode_e5m2}
+_ENCODE = {"fp16": encode_fp16, "bf16": encode_bf16, "e4m3fn": encode_e4m3fn,
+           "e5m2": encode_e5m2}
 
 
 def fma_rows(x64: np.ndarray, w_row: np.ndarray, c64: np.ndarray) -> np.ndarray:
@@ -93,13 +149,16 @@ def fma_rows(x64: np.ndarray, w_row: np.ndarray, c64: np.ndarray) -> np.ndarray:
 
 
 def _matmul(fmt: Format):
-    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
-        k = x.shape[1]
+    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool,
+            scales: tuple[np.ndarray, int] | None = None) -> None:
+        k, n = bits.shape
         c64 = out.astype(np.float64) if accumulate else np.zeros(out.shape, np.float64)
         x64 = x.astype(np.float64)
         with np.errstate(all="ignore"):
             for p in range(k):
                 row = bits[p] if fmt.name == "f32" else _DECODE[fmt.name](bits[p])
+                if scales is not None:  # one float32 rounding per weight
+                    row = row * scales[0][p // scales[1], :n]
                 c64 = fma_rows(x64[:, p], row, c64)
             out[...] = c64.astype(np.float32)
 

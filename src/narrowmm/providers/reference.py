@@ -113,6 +113,78 @@ def f32_bits_to_bf16(u: int) -> int:
     return (sign << 15) | mag
 
 
+def _round_unbounded(q: Fraction, mant_bits: int, emin: int) -> Fraction:
+    """The non-negative rational ``q`` rounded to nearest even on ``mant_bits`` stored
+    mantissa bits with smallest normal exponent ``emin`` and no largest one."""
+    if q == 0:
+        return Fraction(0)
+    e = q.numerator.bit_length() - q.denominator.bit_length()
+    if Fraction(2) ** e > q:
+        e -= 1
+    e = max(e, emin)
+    step = Fraction(2) ** (e - mant_bits)
+    return round(q / step) * step  # Fraction rounds half to even
+
+
+def _fp8_fields(v: Fraction, mant_bits: int, bias: int) -> int:
+    """The 7 magnitude bits of a value representable in the FP8 format."""
+    if v == 0:
+        return 0
+    sub = Fraction(2) ** (1 - bias - mant_bits)  # the subnormal step
+    if v < Fraction(2) ** (1 - bias):
+        return int(v / sub)
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    if Fraction(2) ** e > v:
+        e -= 1
+    m = int((v / Fraction(2) ** e - 1) * (1 << mant_bits))
+    return ((e + bias) << mant_bits) | m
+
+
+def e4m3fn_to_f32_bits(q: int) -> int:
+    """OCP E4M3 (fn: finite, S.1111.111 is NaN), from its fields."""
+    sign, e, m = (q >> 7) & 1, (q >> 3) & 0xF, q & 7
+    if e == 15 and m == 7:
+        return (sign << 31) | 0x7FC00000
+    if e == 0:
+        v = Fraction(m, 8) * Fraction(2) ** -6  # subnormal
+    else:
+        v = (1 + Fraction(m, 8)) * Fraction(2) ** (e - 7)
+    return (sign << 31) | bits_from_f32(float(v))
+
+
+def e5m2_to_f32_bits(q: int) -> int:
+    """OCP E5M2: a binary16 whose low byte is zero."""
+    return fp16_to_f32_bits((q & 0xFF) << 8)
+
+
+def f32_bits_to_e4m3fn(u: int, saturate: bool = False) -> int:
+    sign, q = _split(u)
+    a = u & 0x7FFFFFFF
+    if q is None and a > _INF32:
+        return (sign << 7) | 0x7F
+    r = None if q is None else _round_unbounded(q, 3, -6)
+    if r is None or r > 448:  # Inf, or past the largest finite value: no infinity here
+        return (sign << 7) | (0x7E if saturate else 0x7F)
+    return (sign << 7) | _fp8_fields(r, 3, 7)
+
+
+def f32_bits_to_e5m2(u: int, saturate: bool = False) -> int:
+    sign, q = _split(u)
+    a = u & 0x7FFFFFFF
+    if q is None and a > _INF32:
+        return (sign << 7) | 0x7E
+    r = None if q is None else _round_unbounded(q, 2, -14)
+    if r is None or r > 57344:
+        return (sign << 7) | (0x7B if saturate else 0x7C)
+    return (sign << 7) | _fp8_fields(r, 2, 15)
+
+
+def mul_f32(a: float, b: float) -> float:
+    """a * b rounded once to float32 (a, b float32 values; the double product is exact)."""
+    with np.errstate(all="ignore"):
+        return float(np.float32(a * b))
+
+
 def fma_f32(a: float, b: float, c: float) -> float:
     """fma(a, b, c) rounded once to float32; a, b, c are float32 values."""
     if math.isnan(a) or math.isnan(b) or math.isnan(c):
@@ -140,22 +212,31 @@ def fma_f32(a: float, b: float, c: float) -> float:
 
 # ---- kernels ------------------------------------------------------------------------
 
-_DECODERS = {"fp16": fp16_to_f32_bits, "bf16": bf16_to_f32_bits}
-_ENCODERS = {"fp16": f32_bits_to_fp16, "bf16": f32_bits_to_bf16}
+_DECODERS = {"fp16": fp16_to_f32_bits, "bf16": bf16_to_f32_bits,
+             "e4m3fn": e4m3fn_to_f32_bits, "e5m2": e5m2_to_f32_bits}
+_ENCODERS = {"fp16": f32_bits_to_fp16, "bf16": f32_bits_to_bf16,
+             "e4m3fn": f32_bits_to_e4m3fn, "e5m2": f32_bits_to_e5m2}
 
 
-def _weight_values(bits: np.ndarray, fmt: Format) -> list[list[float]]:
+def _weight_values(bits: np.ndarray, fmt: Format,
+                   scales: tuple[np.ndarray, int] | None) -> list[list[float]]:
     if fmt.name == "f32":
         return [[float(v) for v in row] for row in bits]
     dec = _DECODERS[fmt.name]
-    return [[f32_from_bits(dec(int(h))) for h in row] for row in bits]
+    w = [[f32_from_bits(dec(int(h))) for h in row] for row in bits]
+    if scales is not None:
+        grid, bk = scales
+        w = [[mul_f32(v, float(grid[p // bk, j])) for j, v in enumerate(row)]
+             for p, row in enumerate(w)]
+    return w
 
 
 def _matmul(fmt: Format):
-    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool,
+            scales: tuple[np.ndarray, int] | None = None) -> None:
         m, k = x.shape
         n = bits.shape[1]
-        w = _weight_values(bits, fmt)
+        w = _weight_values(bits, fmt, scales)
         xs = [[float(v) for v in row] for row in x]
         result = [[0.0] * n for _ in range(m)]
         for i in range(m):
@@ -175,7 +256,7 @@ def _decode(fmt: Format):
     dec = _DECODERS[fmt.name]
 
     def run(bits: np.ndarray) -> np.ndarray:
-        words = [dec(int(h)) for h in bits.astype(np.uint16, copy=False)]
+        words = [dec(int(h)) for h in bits.astype(fmt.storage, copy=False)]
         return np.array(words, dtype=np.uint32).view(np.float32)
 
     return run
@@ -183,6 +264,12 @@ def _decode(fmt: Format):
 
 def _encode(fmt: Format):
     enc = _ENCODERS[fmt.name]
+
+    if fmt.itemsize == 1:
+        def run8(values: np.ndarray, saturate: bool = False) -> np.ndarray:
+            return np.array([enc(int(u), saturate) for u in values.view(np.uint32)],
+                            dtype=np.uint8)
+        return run8
 
     def run(values: np.ndarray) -> np.ndarray:
         return np.array([enc(int(u)) for u in values.view(np.uint32)], dtype=np.uint16)
