@@ -27,6 +27,7 @@ import numpy as np
 
 from ._api import matmul
 from ._check import same_bits
+from ._scales import Scales
 from ._threads import get_num_threads, set_num_threads
 from ._weights import PackedWeights, Weights
 from .providers import use_provider
@@ -41,7 +42,8 @@ LLAMA_SHAPES = (
     ("ffn_down 8B", 11008, 4096),
 )
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-NARROWMM_FORMATS = ("fp16", "bf16", "f32")
+NARROWMM_FORMATS = ("fp16", "bf16", "f32", "e4m3fn", "e5m2")
+FP8_FORMATS = ("e4m3fn", "e5m2")
 # narrowmm on row-major Weights, and on Weights.pack() of the same matrix
 NARROWMM_SYSTEMS = ("narrowmm", "narrowmm-packed")
 SLOW_CALL_S = 4.0  # a system whose single call takes longer is skipped for that case
@@ -248,7 +250,11 @@ def _verify_narrowmm(x: np.ndarray, w: Weights, y: np.ndarray) -> None:
     """Bit-check a few output columns against the NumPy provider (same fma chain)."""
     n = w.shape[1]
     cols = np.unique(np.array([0, n // 3, n // 2, n - 1]))
-    sub = Weights.from_bits(np.ascontiguousarray(w.bits[:, cols]), w.format)
+    scales = None
+    if w.scales is not None:  # the same columns' scales, one per column per block of rows
+        grid, bk = w.scales.expanded(w.shape, n)
+        scales = Scales(grid[:, cols], (bk, 1))
+    sub = Weights.from_bits(np.ascontiguousarray(w.bits[:, cols]), w.format, scales)
     with use_provider("numpy"):
         want = matmul(x, sub)
     if not same_bits(y[:, cols], want):
@@ -290,7 +296,13 @@ def _read_probe(nbytes: int, copies: int) -> tuple[Callable[[int], float] | None
     c = core()
 
     def probe(i: int) -> float:
-        return c.probe_read(get_num_threads(), bufs[i % len(bufs)])
+        # the probe splits whole 64-float chunks evenly over the threads: read the longest
+        # such prefix (the same aligned start) and scale the time to all n floats
+        t = get_num_threads()
+        usable = n // (64 * t) * (64 * t)
+        if usable == 0:
+            t, usable = 1, n
+        return c.probe_read(t, bufs[i % len(bufs)][:usable]) * n / usable
 
     return probe, n * 4
 
@@ -310,7 +322,7 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
     probes: dict[int, tuple[Callable[[int], float] | None, int]] = {}
     for fmt in cfg.formats:
         w = exact[fmt]
-        copies = [w] + [Weights.from_bits(w.bits.copy(), fmt)
+        copies = [w] + [Weights.from_bits(w.bits.copy(), fmt, w.scales)
                         for _ in range(_copies(w.nbytes, cache) - 1)]
         probe, probe_bytes = None, 0
         if m == 1:  # fp16 and bf16 share one set of buffers
@@ -353,6 +365,17 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
                               lambda i, c=bits, xb=xb: np.matmul(
                                   xb, c[i % len(c)].view(ml_dtypes.bfloat16)), 3e-2, None,
                               "bf16"))
+    for fmt in (f for f in cfg.formats if f in FP8_FORMATS and ml_dtypes is not None):
+        # the NumPy way to FP8 weights: ml_dtypes' upcast, the scales, float32 matmul
+        w8 = exact[fmt]
+        bits = [w8.bits] + [w8.bits.copy() for _ in range(_copies(w8.nbytes, cache) - 1)]
+        dtype = getattr(ml_dtypes, "float8_" + fmt)
+        grid, _ = w8.scales.expanded(w8.shape, n)  # one row: per-column scales
+
+        def up8(i, c=bits, dtype=dtype, s=grid[0]):
+            return np.matmul(x, c[i % len(c)].view(dtype).astype(np.float32) * s)
+
+        cases.append(Case("ml_dtypes", fmt, w8.nbytes, up8, 1e-4, blas, fmt))
     if torch is not None:
         cap = torch.backends.cpu.get_cpu_capability()
         f = torch.nn.functional
@@ -397,7 +420,9 @@ def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
     for name, k, n in cfg.shapes:
         rng = np.random.default_rng(k + n)
         raw = ((rng.random((k, n), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
-        exact = {fmt: Weights.encode(raw, fmt) for fmt in cfg.formats}
+        # FP8 as checkpoints store it: one scale per output column (Weights.quantize)
+        exact = {fmt: Weights.quantize(raw, fmt) if fmt in FP8_FORMATS
+                 else Weights.encode(raw, fmt) for fmt in cfg.formats}
         del raw
         for m in cfg.batches:
             x = ((rng.random((m, k), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
@@ -570,7 +595,7 @@ COLUMNS_EXPLAINED = [
 
 def system_label(r: Result) -> str:
     """A system's name with its format where the name alone does not say it."""
-    if r.system in NARROWMM_SYSTEMS or r.system == "numpy-upcast":
+    if r.system in NARROWMM_SYSTEMS or r.system in ("numpy-upcast", "ml_dtypes"):
         return f"{r.system} {r.format}"
     return r.system
 
@@ -582,7 +607,8 @@ def format_summary(results: list[Result]) -> str:
     for cache, t in sorted({(r.cache, r.threads) for r in results}):
         rs = [r for r in results if (r.cache, r.threads) == (cache, t)]
         peers = [r for r in rs if r.system not in NARROWMM_SYSTEMS]
-        mine = [r for r in rs if r.system in NARROWMM_SYSTEMS and r.format != "f32"]
+        mine = [r for r in rs if r.system in NARROWMM_SYSTEMS and r.format in ("fp16", "bf16")]
+        lines += _fp8_summary(rs, cache, t)
         if not mine:
             continue
         lines.append(f"summary ({cache} cache, {t} thread(s)): narrowmm's faster layout of "
@@ -609,6 +635,31 @@ def format_summary(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def _fp8_summary(rs: list[Result], cache: str, t: int) -> list[str]:
+    """Per batch size: narrowmm's FP8 formats against its bf16, the faster layout of each,
+    shape by shape, in the same run."""
+    def best(fmt: str, shape: str, m: int) -> Result | None:
+        hits = [r for r in rs if r.system in NARROWMM_SYSTEMS and
+                (r.format, r.shape, r.m) == (fmt, shape, m)]
+        return min(hits, key=lambda r: r.median_ms) if hits else None
+
+    lines: list[str] = []
+    for fmt in FP8_FORMATS:
+        ms = sorted({r.m for r in rs if r.format == fmt and r.system in NARROWMM_SYSTEMS})
+        if not ms or not any(r.format == "bf16" for r in rs):
+            continue
+        lines.append(f"summary ({cache} cache, {t} thread(s)): narrowmm {fmt} against its "
+                     "bf16, speed ratio per shape (faster layout of each)")
+        for m in ms:
+            parts = []
+            for shape in sorted({r.shape for r in rs if r.m == m}):
+                a, b = best(fmt, shape, m), best("bf16", shape, m)
+                if a and b:
+                    parts.append(f"{shape} {b.median_ms / a.median_ms:.2f}x")
+            lines.append(f"  m = {m:<4} " + ", ".join(parts))
+    return lines
+
+
 def format_tables(limits: list[Limits], results: list[Result]) -> str:
     """Human tables: narrowmm against the limits and NumPy, then every system's time."""
     lines: list[str] = []
@@ -622,7 +673,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
         numpy = {(r.shape, r.m): r for r in rs if r.system == "numpy-f32"}
         lines.append("")
         lines.append(f"narrowmm, {cache} cache, {t} thread(s)")
-        head = (f"{'shape':<12}{'m':>4} {'isa':<7}{'layout':<7}{'fmt':<5}{'ms':>9}{'GB/s':>8}"
+        head = (f"{'shape':<12}{'m':>4} {'isa':<7}{'layout':<7}{'fmt':<7}{'ms':>9}{'GB/s':>8}"
                 f"{'GFLOP/s':>9}{'% limit':>9}{'% read now':>11}{'vs numpy':>10}")
         lines += [head, "-" * len(head)]
         for r in sorted((r for r in rs if r.system in NARROWMM_SYSTEMS),
@@ -631,7 +682,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
             ratio = f"{base.median_ms / r.median_ms:.2f}x" if base else "-"
             now = f"{r.pct_of_paired_read:>10.0f}%" if r.paired_read_gbps else f"{'-':>11}"
             layout = "packed" if r.system == "narrowmm-packed" else "rows"
-            lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{layout:<7}{r.format:<5}"
+            lines.append(f"{r.shape:<12}{r.m:>4} {r.isa or '-':<7}{layout:<7}{r.format:<7}"
                          f"{_ms(r.median_ms, 9)}{r.gbps:>8.1f}{r.gflops:>9.1f}"
                          f"{r.pct_of_limit:>8.0f}%{now}{ratio:>10}")
         lines += COLUMNS_EXPLAINED
@@ -647,7 +698,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
                  "ml_dtypes": "ml_dtypes", "torch-f32": "torch", "torch-bf16": "torch",
                  "torch-f16": "torch"}
         head = f"{'shape':<12}{'m':>4}" + "".join(
-            f"{short.get(s, s) + ' ' + f:>15}" for s, f in cols)
+            f"{short.get(s, s) + ' ' + f:>17}" for s, f in cols)
         lines += [head, "-" * len(head)]
         for shape, _k, _n, m in sorted({(r.shape, r.k, r.n, r.m) for r in rs},
                                        key=lambda v: (v[1] * v[2], v[1], v[3])):
@@ -655,7 +706,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
             for s, f in cols:
                 hit = [r.median_ms for r in rs
                        if (r.system, r.format, r.shape, r.m) == (s, f, shape, m)]
-                row += _ms(min(hit), 15) if hit else f"{'-':>15}"
+                row += _ms(min(hit), 17) if hit else f"{'-':>17}"
             lines.append(row)
     return "\n".join(lines)
 
@@ -664,10 +715,12 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
 # greys, ml_dtypes purple, PyTorch oranges and reds) and a marker for the rows layout.
 PLOT_SERIES = (
     ("narrowmm", "bf16", "#08519c"), ("narrowmm", "fp16", "#3182bd"),
-    ("narrowmm", "f32", "#31a354"),
+    ("narrowmm", "f32", "#31a354"), ("narrowmm", "e4m3fn", "#006d2c"),
+    ("narrowmm", "e5m2", "#74c476"),
     ("numpy-f32", "f32", "#525252"), ("numpy-upcast", "bf16", "#969696"),
     ("numpy-upcast", "fp16", "#bdbdbd"),
-    ("ml_dtypes", "bf16", "#756bb1"),
+    ("ml_dtypes", "bf16", "#756bb1"), ("ml_dtypes", "e4m3fn", "#9e9ac8"),
+    ("ml_dtypes", "e5m2", "#cbc9e2"),
     ("torch-f32", "f32", "#d94801"), ("torch-bf16", "bf16", "#fd8d3c"),
     ("torch-f16", "fp16", "#a50f15"),
 )

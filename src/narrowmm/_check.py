@@ -30,8 +30,14 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(np.uint32)[~nan_a], b.view(np.uint32)[~nan_b]))
 
 
+def _all_codes(fmt: str) -> np.ndarray:
+    """Every bit pattern of the format: 65,536 for the 16-bit ones, 256 for FP8."""
+    f = FORMATS[fmt]
+    return np.arange(1 << (8 * f.itemsize), dtype=np.uint32).astype(f.storage)
+
+
 def _decode_sweep(fmt: str) -> str | None:
-    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    bits = _all_codes(fmt)
     got = decode(bits, fmt)
     with use_provider("reference"):
         want = decode(bits, fmt)
@@ -48,17 +54,22 @@ def _encode_sample(fmt: str) -> str | None:
         np.arange(0, 4096, dtype=np.uint32),                 # float32 subnormals
     ])
     values = words.view(np.float32)
-    got = encode(values, fmt)
-    with use_provider("reference"):
-        want = encode(values, fmt)
-    bad = np.flatnonzero(got != want)
-    return None if bad.size == 0 else f"{bad.size} values differ, first {words[bad[0]]:#010x}"
+    for saturate in (False, True) if FORMATS[fmt].itemsize == 1 else (False,):
+        options = {"saturate": True} if saturate else {}
+        got = encode(values, fmt, **options)
+        with use_provider("reference"):
+            want = encode(values, fmt, **options)
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            return f"{bad.size} values differ, first {words[bad[0]]:#010x}"
+    return None
 
 
 def _kernel_sweep(fmt: str, rows: int) -> str | None:
-    """All 65,536 weight patterns times 1.0 into a zeroed C: equals the decoded value
-    (+0 for -0); rows=2 adds a zero-weighted row so the m > 1 (packed) path runs."""
-    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)[None, :]
+    """Every weight pattern times 1.0 into a zeroed C: equals the decoded value (+0 for
+    -0; FP8 with the scale 1.0); rows=2 adds a zero-weighted row so the m > 1 (two-row
+    gemv) path runs."""
+    bits = _all_codes(fmt)[None, :]
     x = np.zeros((rows, 1), np.float32)
     x[0, 0] = 1.0
     got = matmul(x, Weights.from_bits(bits, fmt))[0]
@@ -71,7 +82,8 @@ def _parity(fmt: str) -> str | None:
     for m, k, n in ((1, 17, 33), (3, 9, 70), (5, 23, 7), (2, 300, 19)):
         x = rng.standard_normal((m, k)).astype(np.float32)
         w32 = rng.standard_normal((k, n)).astype(np.float32)
-        w = Weights.encode(w32, fmt)
+        # FP8 with one scale per column, as checkpoints carry them
+        w = Weights.quantize(w32, fmt) if FORMATS[fmt].scaled else Weights.encode(w32, fmt)
         got = matmul(x, w)
         with use_provider("reference"):
             want = matmul(x, w)
@@ -100,13 +112,14 @@ def checks() -> list[tuple[str, Callable[[], str | None]]]:
         return [("native core loads", lambda: "narrowmm._core did not load")]
     for isa in supported_isas():
         for fmt in (f.name for f in FORMATS.values() if f.has_codec):
-            items.append((f"[{isa}] decode {fmt}: all 65,536 patterns",
+            codes = f"{1 << (8 * FORMATS[fmt].itemsize):,}"
+            items.append((f"[{isa}] decode {fmt}: all {codes} patterns",
                           _on_row(isa, lambda f=fmt: _decode_sweep(f))))
             items.append((f"[{isa}] encode {fmt}: edge and random values",
                           _on_row(isa, lambda f=fmt: _encode_sample(f))))
-            items.append((f"[{isa}] matmul {fmt}: 65,536-pattern sweep, m=1",
+            items.append((f"[{isa}] matmul {fmt}: {codes}-pattern sweep, m=1",
                           _on_row(isa, lambda f=fmt: _kernel_sweep(f, 1))))
-            items.append((f"[{isa}] matmul {fmt}: 65,536-pattern sweep, m=2 (packed)",
+            items.append((f"[{isa}] matmul {fmt}: {codes}-pattern sweep, m=2",
                           _on_row(isa, lambda f=fmt: _kernel_sweep(f, 2))))
         for fmt in FORMATS:
             items.append((f"[{isa}] matmul {fmt}: random shapes vs reference",

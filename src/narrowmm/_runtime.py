@@ -43,11 +43,15 @@ def runtime_info() -> dict[str, Any]:
                             "kernel": None, "error": str(exc)})
             continue
         name = kernel.name
+        entry = {"op": op, "format": fmt.name, "provider": provider.name}
         if provider is native:  # names of the row in use now, not when first resolved
             packed = native.kernel_names("matmul_packed", fmt) if op == "matmul" else []
             name = describe_kernels(op, native.kernel_names(op, fmt), packed or None)
-        kernels.append({"op": op, "format": fmt.name, "provider": provider.name,
-                        "kernel": name})
+            if op == "matmul" and fmt.scaled:  # what weights without NaN/Inf codes take
+                entry["finite_kernel"] = describe_kernels(
+                    op, native.kernel_names("matmul_finite", fmt),
+                    native.kernel_names("matmul_packed_finite", fmt) or None)
+        kernels.append({**entry, "kernel": name})
     return {
         "version": __version__,
         "python": platform.python_version(),
@@ -111,3 +115,6 @@ def show_runtime(as_json: bool = False) -> None:
                   f"{'see PROBLEM above' if known else k['error']}")
         else:
             print(f"  {k['op']:<6} {k['format']:<4} {k['provider']:<9} {k['kernel']}")
+            if "finite_kernel" in k:
+                print(f"  {'':<6} {'':<4} {'':<9} weights without NaN/Inf codes: "
+                      f"{k['finite_kernel']}")

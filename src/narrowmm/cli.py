@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shape", type=_shape, action="append",
                        help="k,n instead of the Llama shapes (repeatable)")
     bench.add_argument("--batch", type=_ints, help="batch sizes m (default 1,16,128)")
-    bench.add_argument("--format", action="append", choices=["fp16", "bf16", "f32"],
+    bench.add_argument("--format", action="append",
+                       choices=["fp16", "bf16", "f32", "e4m3fn", "e5m2"],
                        help="narrowmm weight formats (default all; repeatable)")
     bench.add_argument("--threads", type=_ints, help="thread counts, e.g. 1,2 (default: "
                        "the pool's size)")
