@@ -782,7 +782,7 @@ def write_plot(path: str, limits: list[Limits], results: list[Result]) -> None:
                 ax.barh(ys + offset, bars, height, color=colour, label=f"narrowmm {fmt}")
                 ax.plot(rows, ys + offset, "|", color="black", markersize=7, mew=1.5)
             else:
-                label = f"{system} {fmt}" if system == "numpy-upcast" else system
+                label = (f"{system} {fmt}" if system in ("numpy-upcast", "ml_dtypes") else system)
                 ax.barh(ys + offset, [pct(system, fmt, sh, m) for sh in names], height,
                         color=colour, label=label)
         ax.axvline(100, color="black", linestyle="--", linewidth=1)
