@@ -294,6 +294,16 @@ def test_quantize_picks_the_largest_magnitude_per_block():
     np.testing.assert_array_equal(zero.scales.values, np.ones((2, 2), np.float32))
 
 
+def test_scales_keep_a_copy_of_their_own():
+    """The kernels' form of the scales is made once: the grid must not change under it."""
+    grid = np.full((1, 3), 0.5, np.float32)
+    scales = nm.Scales(grid, (0, 1))
+    grid[...] = 2.0
+    np.testing.assert_array_equal(scales.values, np.full((1, 3), 0.5, np.float32))
+    with pytest.raises(ValueError, match="read-only"):
+        scales.values[0, 0] = 1.0
+
+
 def test_scale_errors_name_the_problem():
     q = np.zeros((4, 6), np.uint8)
     with pytest.raises(ValueError, match=r"scales of shape \(1, 5\).*expected a grid of "

@@ -30,7 +30,8 @@ class Scales:
     """Float32 scales of a weight matrix, as a grid of blocks.
 
     Args:
-        values: the grid, a 2-D float32 array (other float dtypes are converted).
+        values: the grid, a 2-D float32 array (other float dtypes are converted); copied,
+            and read-only here.
         block: ``(rows, columns)`` of one block; 0 means the whole dimension.
 
     The orientation is that of the matrix the scales belong to: narrowmm's ``(k, n)`` for
@@ -49,10 +50,10 @@ class Scales:
         if len(block) != 2 or any(int(b) != b or b < 0 for b in block):
             raise ValueError(f"block must be two sizes >= 0 (0: the whole dimension), "
                              f"got {block!r}")
-        if a.dtype != _F32:
-            with np.errstate(over="ignore"):
-                a = a.astype(np.float32)
-        self.values: np.ndarray = np.ascontiguousarray(a)
+        with np.errstate(over="ignore"):
+            values = np.array(a, dtype=np.float32, order="C")  # a copy of its own
+        values.flags.writeable = False  # the kernels' form is made from it once
+        self.values: np.ndarray = values
         self.block: tuple[int, int] = (int(block[0]), int(block[1]))
 
     @classmethod

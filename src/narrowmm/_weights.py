@@ -94,7 +94,9 @@ class Weights:
 
     The FP8 formats carry :class:`~narrowmm.Scales` (1.0 for the whole matrix unless
     given): weight (p, j) is ``fl32(decode(q[p, j]) * scale)``, and every provider, ISA and
-    thread count computes the same chains on those weights.
+    thread count computes the same chains on those weights. Their codes are looked at once,
+    at the first native call, for NaN/Inf codes (weights without any take faster kernels):
+    write into ``bits`` afterwards and build new Weights.
 
     The array must be 2-D with contiguous rows; row strides may be larger than a row
     (a sub-block of a bigger matrix) and the data need not be aligned.
