@@ -122,6 +122,9 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
     allowed = rng.random((1, 1, 3, 5)) < 0.7
     att_out = np.empty((1, 3, 2, 4), np.float32)
     out2 = np.empty_like(x)
+    w8 = nm.Weights.quantize(rng.standard_normal((16, 8)).astype(np.float32), "e4m3fn",
+                             (4, 4))
+    grid, bk, finite = w8.kernel_scales(8)
 
     def calls():
         nm.matmul(x, w, out=out)
@@ -133,7 +136,14 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
         c.attention(q, kv, kv, allowed, 0.5, att_out)
         c.rms_norm(x, 1e-5, out2)
         c.silu(x, out2)
+        nm.matmul(x, w8, out=out)                                    # FP8 with scales
+        c.matmul(3, x, w8.bits, out, False, grid, bk, not finite)
+        nm.decode(nm.encode(vals, "e5m2", saturate=True), "e5m2")
         for bad in (lambda: nm.matmul(x.astype(np.float64), w),      # TypeError path
+                    lambda: c.matmul(3, x, w8.bits, out, False),     # scales missing
+                    lambda: c.matmul(3, x, w8.bits, out, False, grid[:, :5], bk, True),
+                    lambda: c.matmul(3, x, w8.bits, out, False, "s", bk, True),
+                    lambda: c.matmul(2, x, bits, out, False, grid, bk, True),
                     lambda: ops.attention(q, kv, kv, allowed[..., :4], scale=1.0),
                     lambda: c.silu(x, bad_out),
                     lambda: c.attention(q, kv, kv, None, 0.5, bad_out),
@@ -147,7 +157,7 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
             except (TypeError, ValueError):
                 pass
 
-    refs = [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out, q, kv, allowed)]
+    refs = [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out, q, kv, allowed, grid)]
     for _ in range(2000):  # warm every cache
         calls()
     gc.collect()
@@ -164,7 +174,8 @@ def test_no_leaks_over_100000_calls_of_every_entry_point():
     grown = sum(s.size_diff for s in snap1.compare_to(snap0, "filename") if s.size_diff > 0)
     assert grown < 64 * 1024, f"Python allocations grew by {grown} bytes"
     assert rss1 - rss0 < 8 << 20, f"RSS grew by {(rss1 - rss0) >> 10} KiB"
-    assert [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out, q, kv, allowed)] == refs
+    assert [sys.getrefcount(a) for a in (x, w, out, bits, vals, bad_out, q, kv, allowed,
+                                         grid)] == refs
 
 
 def _libasan() -> str | None:
@@ -203,8 +214,8 @@ def test_python_suite_under_a_sanitized_extension(tmp_path):
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
          "-p", "no:warnings", str(ROOT / "tests" / "test_matmul.py"),
          str(ROOT / "tests" / "test_errors.py"), str(ROOT / "tests" / "test_threads.py"),
-         str(ROOT / "tests" / "test_model_ops.py"),
-         "-k", "not fork and not env_var and not default_is"],
+         str(ROOT / "tests" / "test_model_ops.py"), str(ROOT / "tests" / "test_fp8.py"),
+         "-k", "not fork and not env_var and not default_is and not torch"],
         capture_output=True, text=True, env=env, timeout=1200, cwd=tmp_path)
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-4000:]
