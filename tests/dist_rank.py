@@ -38,6 +38,7 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=6)
     parser.add_argument("--via-shard", action="store_true",
                         help="load the whole model, convert it, then narrowmm.torch.shard it")
+    parser.add_argument("--format", default="bf16", help="the layers' weight format")
     args = parser.parse_args()
     nmt.init_process_group(timeout_s=args.timeout)
     rank = torch.distributed.get_rank()
@@ -45,11 +46,12 @@ def main() -> int:
     if args.via_shard:
         model = transformers.LlamaForCausalLM.from_pretrained(args.checkpoint,
                                                               dtype=torch.float32)
-        nmt.shard(nmt.convert(model.eval(), "bf16", batch_invariant=True))
+        nmt.shard(nmt.convert(model.eval(), args.format, batch_invariant=True))
     else:
         with torch.device("meta"):
             model = transformers.LlamaForCausalLM(config)
-        nmt.load_sharded(model, os.path.join(args.checkpoint, "model.safetensors"), "bf16")
+        nmt.load_sharded(model, os.path.join(args.checkpoint, "model.safetensors"),
+                         args.format)
         nmt.make_batch_invariant(model.eval())
     nmt.set_num_threads(1)
     loaded = memory_mib()

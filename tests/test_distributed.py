@@ -21,8 +21,10 @@ from conftest import require
 torch = require("torch")
 transformers = require("transformers")
 
+import narrowmm as nm  # noqa: E402
 import narrowmm.torch as nmt  # noqa: E402
 from narrowmm import invariance as inv  # noqa: E402
+from narrowmm._torch_shard import _columns, _feature_rows  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 RANK_SCRIPT = Path(__file__).with_name("dist_rank.py")
@@ -59,6 +61,16 @@ def single_process(checkpoint):
             "tokens": inv.greedy(model, prompts, 6)}
 
 
+@pytest.fixture(scope="module")
+def single_process_fp8(checkpoint):
+    """The same with FP8 weights: each output feature quantized to e4m3fn with its scale."""
+    model = transformers.LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    nmt.convert(model.eval(), "e4m3fn", batch_invariant=True, threads=1)
+    prompts = inv.fixed_prompts(model.config.vocab_size)[:4]
+    return {"digests": [inv.digest(x) for x in inv.prompt_logits(model, prompts)],
+            "tokens": inv.greedy(model, prompts, 6)}
+
+
 def torchrun(checkpoint, world: int, out: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
@@ -79,6 +91,34 @@ def test_sharded_logits_and_tokens_equal_one_process(checkpoint, single_process,
     assert got["world"] == world
     assert got["digests"] == single_process["digests"]
     assert got["tokens"] == single_process["tokens"]
+
+
+@pytest.mark.parametrize("how", ["load_sharded", "shard"])
+def test_fp8_sharded_logits_and_tokens_equal_one_process(checkpoint, single_process_fp8, how,
+                                                         tmp_path):
+    """FP8 layers keep their per-feature scales when split: on 3 ranks (column ranges of 96
+    cut no feature's scale) the logits equal the one-process FP8 model's."""
+    extra = ("--via-shard",) if how == "shard" else ()
+    run = torchrun(checkpoint, 3, tmp_path / "out.json", "--format", "e4m3fn", *extra)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["digests"] == single_process_fp8["digests"]
+    assert got["tokens"] == single_process_fp8["tokens"]
+
+
+def test_scales_follow_a_slice_of_rows_or_columns():
+    """Block scales cut mid-block by a shard's range: the sub-matrix's weights are the
+    same numbers as the whole matrix's."""
+    rng = np.random.default_rng(1)
+    w = nm.Weights.quantize(rng.standard_normal((300, 200)).astype(np.float32), "e4m3fn",
+                            (128, 128))
+    whole = w.decode()
+    for lo, hi in ((0, 96), (96, 192), (150, 200)):
+        cols = _columns(w.pack(), lo, hi)
+        np.testing.assert_array_equal(cols.decode(), whole[:, lo:hi])
+        tw = nm.TorchWeights(np.ascontiguousarray(w.bits.T), "e4m3fn", w.scales.transpose())
+        np.testing.assert_array_equal(_feature_rows(tw, lo, hi, tw.format).decode(),
+                                      whole[:, lo:hi].T)
 
 
 def test_a_killed_rank_makes_the_others_fail_in_bounded_time(checkpoint, tmp_path):

@@ -100,6 +100,19 @@ class Scales:
                 f"scales of shape {self.values.shape} in blocks of {self.block} do not fit "
                 f"{what} of shape {tuple(shape)}: expected a grid of shape {want}")
 
+    def take_rows(self, lo: int, hi: int) -> Scales:
+        """The scales of rows ``[lo, hi)`` of the matrix, for that sub-matrix: a block of
+        rows that the range cuts becomes one row of scales per matrix row (the values are
+        the same, only their bookkeeping changes)."""
+        bk, bn = self.block
+        if bk == 0:
+            return Scales(self.values, self.block)
+        return Scales(self.values[np.arange(lo, hi) // bk], (1, bn))
+
+    def take_columns(self, lo: int, hi: int) -> Scales:
+        """The scales of columns ``[lo, hi)``, for that sub-matrix (as :meth:`take_rows`)."""
+        return self.transpose().take_rows(lo, hi).transpose()
+
     def transpose(self) -> Scales:
         """The same scales for the transposed matrix."""
         return Scales(self.values.T, (self.block[1], self.block[0]))

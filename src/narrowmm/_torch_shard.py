@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._formats import get_format
+from ._formats import Format, get_format
 from ._linear import Linear as _NumpyLinear
 from ._safetensors import load_safetensors
 from ._weights import PackedWeights, TorchWeights, Weights
@@ -135,8 +135,30 @@ def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
 
 
 def _columns(w: Weights | PackedWeights, lo: int, hi: int) -> Weights:
+    """Columns [lo, hi) of narrowmm weights, with their scales (FP8)."""
     rows = w.unpack() if isinstance(w, PackedWeights) else w
-    return Weights.from_bits(np.ascontiguousarray(rows.bits[:, lo:hi]), rows.format)
+    scales = None if rows.scales is None else rows.scales.take_columns(lo, hi)
+    return Weights.from_bits(np.ascontiguousarray(rows.bits[:, lo:hi]), rows.format, scales)
+
+
+def _feature_rows(full: TorchWeights, lo: int, hi: int, fmt: Format) -> Weights | TorchWeights:
+    """Output features [lo, hi) of a checkpoint tensor (rows of PyTorch's layout) in
+    ``fmt``: the stored rows as they are when the formats agree (an FP8 checkpoint's scales
+    sliced with them); otherwise their exact values, rounded to ``fmt``, or quantized per
+    output feature for FP8 (what ``convert`` does to the whole matrix: per feature, so the
+    same codes and scales)."""
+    rows = full.bits[lo:hi]  # this rank's output features: a contiguous byte range
+    scales = None if full.scales is None else full.scales.take_rows(lo, hi)
+    if full.format is fmt:
+        return TorchWeights(rows, fmt, scales)
+    values = TorchWeights(rows, full.format, scales).decode()
+    if fmt.scaled:
+        return Weights.quantize(np.ascontiguousarray(values.T), fmt, "columns")
+    if fmt.name == "f32":
+        return TorchWeights(values, fmt)
+    from ._api import encode
+
+    return TorchWeights(encode(values, fmt), fmt)
 
 
 def _replace(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
@@ -185,6 +207,8 @@ def load_sharded(model: torch.nn.Module, checkpoint: str | os.PathLike[str],
     A linear layer's weight of shape ``(out, in)`` is read rows ``[lo, hi)`` only: the bytes
     of this rank's output features, a contiguous range of the file, which are packed and
     then released from the mapping. So N ranks each hold about 1/N of the linear weights.
+    An FP8 checkpoint's scales are sliced with the rows; ``format="e4m3fn"`` on a 16-bit
+    checkpoint quantizes each output feature as :func:`convert` would.
     Other parameters (embeddings, norms) are read whole on every rank; buffers the
     checkpoint lacks (rotary frequencies) are rebuilt by their module's constructor.
     ``skip`` names linear layers (full names) to keep as plain ``nn.Linear``, loaded whole
@@ -209,13 +233,8 @@ def load_sharded(model: torch.nn.Module, checkpoint: str | os.PathLike[str],
         lo, hi = ranges[rank]
         local = _NoColumns(module.in_features)
         if hi > lo:
-            rows = full.bits[lo:hi]  # this rank's output features: a contiguous byte range
-            if full.format.name != fmt.name:  # e.g. f32 -> bf16: round these rows only
-                from ._api import encode
-
-                values = TorchWeights(rows, full.format).decode()
-                rows = values if fmt.name == "f32" else encode(values, fmt)
-            layer = _NumpyLinear(TorchWeights(rows, fmt), _bias(f, name, lo, hi), pack=pack)
+            layer = _NumpyLinear(_feature_rows(full, lo, hi, fmt), _bias(f, name, lo, hi),
+                                 pack=pack)
             local = Linear(layer.weights, layer.bias)
         f.release(key)
         _replace(model, name, ShardedLinear(local, ranges, group, name))
