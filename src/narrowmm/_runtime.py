@@ -111,10 +111,10 @@ def show_runtime(as_json: bool = False) -> None:
     for k in info["kernels"]:
         if k["provider"] is None:
             known = k["error"] in info["environment_problems"].values()
-            print(f"  {k['op']:<6} {k['format']:<4} unusable: "
+            print(f"  {k['op']:<6} {k['format']:<6} unusable: "
                   f"{'see PROBLEM above' if known else k['error']}")
         else:
-            print(f"  {k['op']:<6} {k['format']:<4} {k['provider']:<9} {k['kernel']}")
+            print(f"  {k['op']:<6} {k['format']:<6} {k['provider']:<9} {k['kernel']}")
             if "finite_kernel" in k:
-                print(f"  {'':<6} {'':<4} {'':<9} weights without NaN/Inf codes: "
+                print(f"  {'':<6} {'':<6} {'':<9} weights without NaN/Inf codes: "
                       f"{k['finite_kernel']}")
