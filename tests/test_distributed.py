@@ -51,24 +51,26 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def single_process(checkpoint):
-    """The unsharded model: float32 activations on the checkpoint's bf16 weights."""
+def one_process(checkpoint, fmt: str) -> dict:
+    """The unsharded model's logits digests and greedy tokens: float32 activations on the
+    checkpoint's weights converted to ``fmt``."""
     model = transformers.LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    nmt.convert(model.eval(), "bf16", batch_invariant=True, threads=1)
+    nmt.convert(model.eval(), fmt, batch_invariant=True, threads=1)
     prompts = inv.fixed_prompts(model.config.vocab_size)[:4]
     return {"digests": [inv.digest(x) for x in inv.prompt_logits(model, prompts)],
             "tokens": inv.greedy(model, prompts, 6)}
+
+
+@pytest.fixture(scope="module")
+def single_process(checkpoint):
+    """The checkpoint's bf16 weights as they are."""
+    return one_process(checkpoint, "bf16")
 
 
 @pytest.fixture(scope="module")
 def single_process_fp8(checkpoint):
-    """The same with FP8 weights: each output feature quantized to e4m3fn with its scale."""
-    model = transformers.LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    nmt.convert(model.eval(), "e4m3fn", batch_invariant=True, threads=1)
-    prompts = inv.fixed_prompts(model.config.vocab_size)[:4]
-    return {"digests": [inv.digest(x) for x in inv.prompt_logits(model, prompts)],
-            "tokens": inv.greedy(model, prompts, 6)}
+    """Each output feature quantized to e4m3fn with its scale."""
+    return one_process(checkpoint, "e4m3fn")
 
 
 def torchrun(checkpoint, world: int, out: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -180,8 +180,9 @@ class Linear(torch.nn.Module):
         self.register_buffer("weight_scales", scales, persistent=False)
         self.register_buffer("bias", None if bias is None else torch.from_numpy(
             np.ascontiguousarray(bias, dtype=np.float32)), persistent=False)
-        # (weight_bits, bias, their NumPy views): rebuilt if a buffer is replaced
-        self._views: tuple = (None, None, None, None)
+        # (weight_bits, bias, weight_scales, the bits' and bias' NumPy views, the scales in
+        # the kernels' form or None): rebuilt if a buffer is replaced
+        self._views: tuple = (None, None, None, None, None, None)
 
     @classmethod
     def from_torch(cls, linear: torch.nn.Linear, format: str = "bf16", *,
@@ -234,15 +235,17 @@ class Linear(torch.nn.Module):
         if not x.is_contiguous():
             x = x.contiguous()
         if _eager(x):  # the implementation itself, on NumPy views made once per buffer
-            weight_bits, bias = self.weight_bits, self.bias
-            if self._views[0] is not weight_bits or self._views[1] is not bias:
-                self._views = (weight_bits, bias, _binding_bits(weight_bits, self.format),
-                               None if bias is None else bias.numpy())
-            ks = (None if self.weight_scales is None
-                  else (self.weight_scales.numpy(), self.scale_block, self.finite))
-            y = torch.from_numpy(_linear_arrays(x.numpy(), self._views[2], self._views[3],
+            weight_bits, bias, scales = self.weight_bits, self.bias, self.weight_scales
+            if (self._views[0] is not weight_bits or self._views[1] is not bias
+                    or self._views[2] is not scales):
+                self._views = (weight_bits, bias, scales,
+                               _binding_bits(weight_bits, self.format),
+                               None if bias is None else bias.numpy(),
+                               None if scales is None
+                               else (scales.numpy(), self.scale_block, self.finite))
+            y = torch.from_numpy(_linear_arrays(x.numpy(), self._views[3], self._views[4],
                                                 self.format, self.out_features, self.packed,
-                                                ks))
+                                                self._views[5]))
         else:  # traced: the registered operator, which torch.compile and export see
             y = torch.ops.narrowmm.linear(x, self.weight_bits, self.bias, self.format.code,
                                           self.out_features, self.packed, self.weight_scales,
