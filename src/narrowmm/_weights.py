@@ -81,7 +81,27 @@ def check_layout(a: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} has a negative row stride; pass numpy.ascontiguousarray(...)")
 
 
-class Weights:
+class _ScaledMatrix:
+    """What Weights and PackedWeights share about scales (both have ``scales``,
+    ``format``, ``bits``, ``shape`` and a ``_KernelScales``)."""
+
+    __slots__ = ()
+
+    def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
+        """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
+        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent``, and
+        whether no weight is a NaN/Inf code. Made once per ``ld``; None without scales."""
+        if self.scales is None:
+            return None
+        return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld)
+
+    def provider_scales(self) -> tuple[np.ndarray, int] | None:
+        """The scales as the NumPy and reference providers take them: the grid
+        :meth:`Scales.expanded` to n columns, and bk; None without scales."""
+        return None if self.scales is None else self.scales.expanded(self.shape, self.shape[1])
+
+
+class Weights(_ScaledMatrix):
     """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``,
     ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``).
 
@@ -247,19 +267,6 @@ class Weights:
         values = decode(self.bits, self.format)
         return values if self.scales is None else apply(values, self.scales)
 
-    def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
-        """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
-        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent``, and
-        whether no weight is a NaN/Inf code. Made once per ``ld``; None without scales."""
-        if self.scales is None:
-            return None
-        return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld)
-
-    def provider_scales(self) -> tuple[np.ndarray, int] | None:
-        """The scales as the NumPy and reference providers take them: the grid
-        :meth:`Scales.expanded` to n columns, and bk; None without scales."""
-        return None if self.scales is None else self.scales.expanded(self.shape, self.shape[1])
-
     def pack(self) -> PackedWeights:
         """A copy in the native ISA row's packed layout, for faster calls with the same bits.
 
@@ -298,7 +305,7 @@ def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-class PackedWeights:
+class PackedWeights(_ScaledMatrix):
     """A weight matrix in a native ISA row's packed layout; made by :meth:`Weights.pack`.
 
     ``matmul`` accepts it wherever it accepts :class:`Weights` and gives the same bits. The
@@ -342,16 +349,6 @@ class PackedWeights:
         k, n = self.shape
         rows = self.bits.transpose(1, 0, 2).reshape(k, self.bits.shape[0] * self.width)[:, :n]
         return Weights.from_bits(np.ascontiguousarray(rows), self.format, self.scales)
-
-    def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
-        """As :meth:`Weights.kernel_scales`."""
-        if self.scales is None:
-            return None
-        return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld)
-
-    def provider_scales(self) -> tuple[np.ndarray, int] | None:
-        """As :meth:`Weights.provider_scales`."""
-        return None if self.scales is None else self.scales.expanded(self.shape, self.shape[1])
 
     def decode(self) -> np.ndarray:
         """The exact float32 values as a new (k, n) array."""
