@@ -71,6 +71,14 @@ def _split_every_call():
     core().set_wake_min_work(before)
 
 
+@pytest.fixture(autouse=True)
+def _own_pool_after_each_test():
+    """narrowmm.torch.set_num_threads (and convert) may move narrowmm's parallel parts onto
+    PyTorch's OpenMP team for the rest of the process: each test starts on the pool."""
+    yield
+    core().set_omp_team(0)
+
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -144,13 +145,73 @@ def test_converting_bf16_weights_to_bf16_changes_no_bit():
         assert np.array_equal(got, bits[name]), name
 
 
-def test_convert_gives_the_cores_to_narrowmm():
-    torch.set_num_threads(2)
+def test_convert_shares_pytorchs_openmp_team():
+    address, where = nmt.torch_openmp_team()
+    assert address is not None, where  # Linux wheels of PyTorch run on libgomp
+    assert "libgomp" in where
+    torch.set_num_threads(1)
     nmt.convert(model(), "bf16", threads=2)
-    assert torch.get_num_threads() == 1 and nm.get_num_threads() == 2
+    assert torch.get_num_threads() == 2 and nm.get_num_threads() == 2
+    assert core().omp_team() and nm.runtime_info()["omp_team"]
     torch.set_num_threads(2)
     nmt.convert(model(), "bf16", threads=False)
     assert torch.get_num_threads() == 2
+
+
+def test_without_the_shared_team_convert_gives_the_cores_to_narrowmms_pool():
+    nmt.set_num_threads(2)
+    torch.set_num_threads(2)
+    nmt.set_num_threads(2, shared_team=False)
+    assert torch.get_num_threads() == 1 and nm.get_num_threads() == 2
+    assert not core().omp_team() and not nm.runtime_info()["omp_team"]
+
+
+def test_the_shared_team_gives_the_pools_bits():
+    # the same parts on PyTorch's team as on narrowmm's pool and on one thread: every op
+    # that splits work (matmul in both layouts, attention, RMS norm, SiLU)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((37, 512)).astype(np.float32)  # big enough to split at m = 1
+    w = nm.Weights.encode(rng.standard_normal((512, 600)).astype(np.float32), "bf16")
+    q, k, v = (rng.standard_normal((3, 4, 9, 16)).astype(np.float32) for _ in range(3))
+
+    def results():
+        return [nm.matmul(x, w), nm.matmul(x[:1], w.pack()), nm.matmul(x[:2], w),
+                nm.ops.attention(q, k, v, scale=0.25), nm.ops.rms_norm(x, 1e-5),
+                nm.ops.silu(x)]
+
+    nm.set_num_threads(1)
+    want = results()
+    jobs = core().parallel_jobs()
+    for threads in (2, 3):
+        for shared in (False, True):
+            nmt.set_num_threads(threads, shared_team=shared)
+            assert core().omp_team() == shared
+            for got, ref in zip(results(), want, strict=True):
+                assert_same_bits(got, ref)
+    assert core().parallel_jobs() >= jobs + 4 * 6  # every op above was split each time
+
+
+def test_a_forked_child_computes_on_the_pool():
+    nmt.set_num_threads(2)
+    assert core().omp_team()
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((40, 64)).astype(np.float32)
+    w = nm.Weights.encode(rng.standard_normal((64, 200)).astype(np.float32), "bf16")
+    want = nm.matmul(x, w)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no OpenMP team, the pool restarted, the same bits
+        try:
+            ok = not core().omp_team() and np.array_equal(nm.matmul(x, w).view(np.uint32),
+                                                        want.view(np.uint32))
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
 
 
 def test_set_num_threads_keeps_workers_spinning_and_info_shows_it(capsys):
@@ -158,7 +219,7 @@ def test_set_num_threads_keeps_workers_spinning_and_info_shows_it(capsys):
     before = c.get_spin_ns()
     try:
         c.set_spin_ns(50_000)
-        nmt.set_num_threads(2)
+        nmt.set_num_threads(2, shared_team=False)
         assert c.get_spin_ns() == nmt.MODEL_SPIN_NS == 2_000_000
         assert nm.runtime_info()["spin_ns"] == 2_000_000
         nm.show_runtime()

@@ -28,6 +28,8 @@ int nm_pool_awake(void) { return 0; }
 void nm_set_spin_ns(int64_t ns) { (void)ns; }
 int64_t nm_get_spin_ns(void) { return 0; }
 long nm_parallel_jobs(void) { return 0; }
+void nm_set_omp_team(void *gomp_parallel) { (void)gomp_parallel; }
+int nm_omp_team(void) { return 0; }
 #else
 #include <pthread.h>
 #include <stdint.h>
@@ -79,6 +81,33 @@ static pool_state pool = {
 };
 static atomic_int num_threads = 1;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void);
+
+/* libgomp's entry for `#pragma omp parallel` (its ABI since GCC 4.9): runs fn(data) on a
+ * team of num_threads threads, the caller included, and returns when all have finished. */
+typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads,
+                                 unsigned flags);
+static _Atomic(gomp_parallel_fn) omp_team; /* NULL: the pool */
+
+typedef struct omp_job {
+    nm_task_fn fn;
+    void *ctx;
+    int parts;
+    atomic_int next;
+} omp_job;
+
+static void omp_job_main(void *data) {
+    omp_job *job = data;
+    for (int part; (part = atomic_fetch_add(&job->next, 1)) < job->parts;)
+        job->fn(job->ctx, part, job->parts);
+}
+
+void nm_set_omp_team(void *gomp_parallel) {
+    pthread_once(&atfork_once, install_atfork);
+    atomic_store(&omp_team, (gomp_parallel_fn)gomp_parallel);
+}
+
+int nm_omp_team(void) { return atomic_load(&omp_team) != NULL; }
 
 /* Take parts of the current job until none is left. Called with the lock held. */
 static void work_on_job(void) {
@@ -121,7 +150,9 @@ static void *worker_main(void *arg) {
 }
 
 static void reset_in_child(void) {
-    /* The parent's workers do not exist here; locks may have been held by them. */
+    /* The parent's workers do not exist here; locks may have been held by them. Nor is an
+     * OpenMP team known to work after fork: back to the pool. */
+    atomic_store(&omp_team, NULL);
     pool_state fresh = {
         PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
         PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0,
@@ -147,6 +178,13 @@ static void ensure_workers(int want) {
 }
 
 void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
+    const gomp_parallel_fn team = atomic_load(&omp_team);
+    if (parts > 1 && team) {
+        omp_job job = {fn, ctx, parts, 0};
+        atomic_fetch_add(&pool.parallel_jobs, 1);
+        team(omp_job_main, &job, (unsigned)parts, 0);
+        return;
+    }
     if (parts <= 1 || pthread_mutex_trylock(&pool.submit) != 0) {
         for (int i = 0; i < parts; ++i) fn(ctx, i, parts);
         return;
@@ -184,7 +222,9 @@ void nm_set_num_threads(int n) {
 
 int nm_get_num_threads(void) { return atomic_load(&num_threads); }
 
-int nm_pool_awake(void) { return atomic_load(&pool.spinning) > 0; }
+/* An OpenMP team counts as awake: the framework's own ops keep it spinning between layers
+ * (libgomp spins for milliseconds after each region). */
+int nm_pool_awake(void) { return atomic_load(&pool.spinning) > 0 || nm_omp_team(); }
 
 long nm_parallel_jobs(void) { return atomic_load(&pool.parallel_jobs); }
 #endif

@@ -31,6 +31,15 @@ int nm_pool_awake(void);
  * model ops in ops/ follow it too). Where a part runs never changes a bit. */
 int nm_worth_waking(double cost);
 
+/* Run jobs on another OpenMP team instead of the pool: `gomp_parallel` is the address of
+ * GOMP_parallel in the libgomp a framework already runs its ops on (narrowmm.torch passes
+ * PyTorch's), NULL to return to the pool. Two teams of spinning threads on the same cores
+ * take turns on them; one team shared by the framework's ops and narrowmm's never does.
+ * The parts are claimed from a counter by the team's threads, so where a part runs still
+ * never changes a bit. A forked child goes back to the pool. */
+void nm_set_omp_team(void *gomp_parallel);
+int nm_omp_team(void);
+
 /* Jobs run in more than one part since the process started (a diagnostic). */
 long nm_parallel_jobs(void);
 

@@ -718,6 +718,22 @@ static PyObject *py_get_spin_ns(PyObject *self, PyObject *noargs) {
     return PyLong_FromLongLong((long long)nm_get_spin_ns());
 }
 
+/* set_omp_team(address): run parallel jobs on the OpenMP team whose GOMP_parallel is at
+ * `address` (0: narrowmm's own pool). The caller vouches for the address. */
+static PyObject *py_set_omp_team(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *address = PyLong_AsVoidPtr(arg);
+    if (!address && PyErr_Occurred()) return NULL;
+    nm_set_omp_team(address);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_omp_team(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(nm_omp_team());
+}
+
 static PyObject *py_parallel_jobs(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -922,6 +938,9 @@ static PyMethodDef methods[] = {
      "Cost (multiply-adds) below which a call does not wake sleeping workers."},
     {"get_wake_min_work", py_get_wake_min_work, METH_NOARGS, "See set_wake_min_work."},
     {"parallel_jobs", py_parallel_jobs, METH_NOARGS, "Jobs split across threads so far."},
+    {"set_omp_team", py_set_omp_team, METH_O,
+     "Run parallel jobs on the OpenMP team of this GOMP_parallel address (0: the pool)."},
+    {"omp_team", py_omp_team, METH_NOARGS, "Whether jobs run on an OpenMP team."},
     {"set_spin_ns", py_set_spin_ns, METH_O, "How long a worker spins after a job (ns)."},
     {"get_spin_ns", py_get_spin_ns, METH_NOARGS, "See set_spin_ns."},
     {NULL, NULL, 0, NULL},

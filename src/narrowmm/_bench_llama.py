@@ -21,7 +21,8 @@ not timed), then decodes ``steps`` greedy tokens, each step timed alone: one for
 of one token per sequence with the KV cache, and the argmax. Tokens/s = batch / median
 step. Rounds of every case run in turns (the order rotating), so all systems see the same
 stretch of a drifting machine. Threads: PyTorch systems ``torch.set_num_threads(t)``;
-narrowmm systems ``narrowmm.torch.set_num_threads(t)`` (t narrowmm threads, 1 PyTorch);
+narrowmm systems ``narrowmm.torch.set_num_threads(t)`` (t threads, PyTorch's OpenMP team
+shared with narrowmm);
 llama.cpp ``n_threads = t``. llama.cpp runs batch 1 only (one sequence per context here).
 """
 

@@ -6,7 +6,8 @@ included) in six systems: PyTorch float32, PyTorch bfloat16, and the model conve
 ``narrowmm.torch.convert`` to bf16 and fp16, row-major and packed. The systems of a case
 (batch size, threads) are timed in turns (``time_interleaved``), each with its own thread
 setting applied before every call: PyTorch's ``torch.set_num_threads(t)``; narrowmm's
-``narrowmm.torch.set_num_threads(t)`` (t narrowmm threads, one PyTorch thread); all systems
+``narrowmm.torch.set_num_threads(t)`` (t threads, narrowmm's on PyTorch's OpenMP team where
+it can share it, else t narrowmm threads and one PyTorch thread); all systems
 at all thread counts of a batch size take turns in one group. Each system's
 sentence embeddings are compared with the float32 model's (minimum cosine).
 """
@@ -173,7 +174,7 @@ def format_table(results: list[ModelResult]) -> str:
         "  vs torch ...: sentences/s over that system's (higher: faster); min cos: lowest",
         "  cosine similarity of the 32 sentences' embeddings with the float32 model's.",
         "  threads t: torch.set_num_threads(t) for torch-*, narrowmm.torch.set_num_threads(t)",
-        "  (t narrowmm threads, one PyTorch thread) for narrowmm-*.",
+        "  (t threads on PyTorch's OpenMP team, shared with narrowmm) for narrowmm-*.",
     ]
     return "\n".join(lines)
 

@@ -67,6 +67,7 @@ def runtime_info() -> dict[str, Any]:
         "threads": get_num_threads(),
         "wake_min_work": c.get_wake_min_work() if c else None,
         "spin_ns": c.get_spin_ns() if c else None,
+        "omp_team": bool(c.omp_team()) if c else False,
         "pack_width": c.pack_width() if c else None,
         "provider_forced": forced_provider(),
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
@@ -95,7 +96,10 @@ def show_runtime(as_json: bool = False) -> None:
     rule = (f" (a call under {wake:,} multiply-adds runs on the caller alone while the "
             "workers sleep)" if wake and info["threads"] > 1 else "")
     spin = info["spin_ns"]
-    if spin is not None and info["threads"] > 1:
+    if info["omp_team"]:
+        rule = (" on an OpenMP team shared with the framework (narrowmm.torch."
+                "set_num_threads), not narrowmm's pool")
+    elif spin is not None and info["threads"] > 1:
         rule += f"; workers spin {spin / 1000:g} us after a call before they sleep"
     print(f"threads:   {info['threads']}{rule}")
     if info["pack_width"]:

@@ -14,6 +14,7 @@ Inference only: a forward whose input needs a gradient raises ``RuntimeError``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -39,10 +40,10 @@ from .providers.native import core
 
 __all__ = ["Linear", "ShardedLinear", "column_ranges", "convert", "converted_layers",
            "init_process_group", "is_batch_invariant", "load_sharded", "make_batch_invariant",
-           "set_num_threads", "shard"]
+           "set_num_threads", "shard", "torch_openmp_team"]
 
 # How long narrowmm's pool workers spin after a call once set_num_threads gave narrowmm the
-# cores of a model (the C default is 50 us).
+# cores of a model without PyTorch's OpenMP team (the C default is 50 us).
 MODEL_SPIN_NS = 2_000_000
 
 _BY_CODE: dict[int, Format] = {f.code: f for f in FORMATS.values()}
@@ -312,9 +313,10 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
         ``model``. The converted layers' float parameters are dropped from it (freed unless
         something else, a tied embedding say, still holds them).
 
-    Threads: unless ``threads`` is False, :func:`set_num_threads` gives the cores to
-    narrowmm (``threads`` of them, or every CPU for True) and sets PyTorch's intra-op
-    threads to 1: the two pools must not fight over the cores (see there for figures).
+    Threads: unless ``threads`` is False, :func:`set_num_threads` gives the model
+    ``threads`` threads (every CPU for True): narrowmm runs its parts on PyTorch's OpenMP
+    team where it can, or else on its own pool with PyTorch's set to 1 thread, so that two
+    pools never fight over the cores (see there for figures).
     """
     skip = tuple(skip)
     fmt = get_format(format)
@@ -343,30 +345,77 @@ def converted_layers(model: torch.nn.Module) -> list[tuple[str, Linear]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
 
 
-def set_num_threads(n: int | None = None) -> None:
-    """Give the cores to narrowmm in a model run through ``narrowmm.torch``: narrowmm's pool
-    gets ``n`` threads (default: every CPU this process may use), PyTorch's intra-op team 1.
+@functools.cache
+def torch_openmp_team() -> tuple[int | None, str]:
+    """Where PyTorch's intra-op OpenMP team can be entered: ``(address of GOMP_parallel, the
+    library's path)``, or ``(None, why not)``.
 
-    Why: after each op PyTorch's OpenMP workers spin for milliseconds waiting for the next
-    one, on the cores narrowmm's pool needs for the layer that follows. Measured on
-    all-MiniLM-L6-v2 (2-core AMD EPYC, batch 32, forward only): torch 2 + narrowmm 2
-    threads took 188 ms, torch 2 + narrowmm 1 172 ms, torch 1 + narrowmm 2 126 ms, torch 1
-    + narrowmm 1 180 ms; the spin settings of OpenMP (OMP_WAIT_POLICY, GOMP_SPINCOUNT) did
-    not beat torch 1 + narrowmm 2 either. In a converted model the linear layers are most of
-    the work, so they get the cores. Set PyTorch's count yourself afterwards
-    (``torch.set_num_threads``) to choose otherwise.
+    Linux only: the libgomp that PyTorch's ops run on is found among the libraries this
+    process has mapped (PyTorch's own copy first) and opened without loading anything new.
+    Looked up once per process (PyTorch loads its OpenMP library when it is imported).
+    """
+    import ctypes
+    import os
 
-    It also keeps narrowmm's workers spinning for 2 ms after a call instead of 50 us
-    (:data:`MODEL_SPIN_NS`): between two layers the model's other ops outlast 50 us, the
-    workers fell asleep and each layer paid to wake them. Decoding a Llama-3.2-1B-shaped
-    model at batch 1 on 2 threads, the linear layers took 69 ms a token instead of 75 (4
-    interleaved runs each in one process, medians, timed by the per-step profile of
-    ``narrowmm bench --model llama``; 2-core AMD EPYC). A spinning worker uses a core that
-    this setting gives to narrowmm anyway.
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None, "PyTorch's intra-op backend is not OpenMP"
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            mapped = {line.split(maxsplit=5)[5].strip() for line in f
+                      if len(line.split(maxsplit=5)) == 6}
+    except OSError:
+        return None, "no /proc/self/maps to find PyTorch's libgomp in"
+    gomps = sorted(p for p in mapped if os.path.basename(p).startswith("libgomp"))
+    own = os.path.join(os.path.dirname(torch.__file__), "lib") + os.sep
+    ours = [p for p in gomps if p.startswith(own)]
+    if ours:
+        gomps = ours
+    if len(gomps) != 1:
+        return None, (f"{len(gomps)} libgomp libraries are loaded; which one PyTorch uses is "
+                      "not known" if gomps else "PyTorch's OpenMP library is not libgomp")
+    try:
+        lib = ctypes.CDLL(gomps[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        address = ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+    except (OSError, AttributeError) as exc:
+        return None, f"GOMP_parallel not found in {gomps[0]}: {exc}"
+    return address, gomps[0]
+
+
+def set_num_threads(n: int | None = None, *, shared_team: bool = True) -> None:
+    """Give a model run through ``narrowmm.torch`` ``n`` threads (default: every CPU this
+    process may use) without two thread pools fighting over the cores.
+
+    After each op PyTorch's OpenMP workers spin for milliseconds waiting for the next one,
+    on the cores narrowmm's own pool then needs for the layer that follows: two teams of
+    spinning threads on the same cores take turns on them. So:
+
+    - ``shared_team=True`` (where PyTorch runs on libgomp, as its Linux wheels do): PyTorch
+      gets ``n`` intra-op threads and narrowmm runs its parallel parts on PyTorch's own
+      OpenMP team (:func:`torch_openmp_team`), so the model's other ops (attention, GELU,
+      norms) run on ``n`` threads too and one team serves both. The parts are the same as
+      on narrowmm's pool, so no bit changes. Measured on all-MiniLM-L6-v2 (2-core AMD EPYC
+      Zen 3, batch 32, ``model.encode``, medians of 4 interleaved rounds): 2 threads 125.8
+      ms against 138.5 ms with narrowmm's pool and PyTorch on 1 thread, and 138.1 ms for
+      PyTorch float32 on 2.
+    - otherwise (or where the team cannot be found): narrowmm's pool gets ``n`` threads and
+      PyTorch's team 1, and narrowmm's workers spin 2 ms after a call instead of 50 us
+      (:data:`MODEL_SPIN_NS`) so that they are still awake when the next layer comes.
+      Measured on the same model: torch 2 + narrowmm 2 threads took 188 ms, torch 1 +
+      narrowmm 2 126 ms; on a Llama-3.2-1B-shaped decode at 2 threads the longer spin took
+      the linear layers from 75 to 69 ms a token.
+
+    ``narrowmm.runtime_info()["omp_team"]`` says which one is in use. Set
+    ``torch.set_num_threads`` yourself afterwards to choose otherwise.
     """
     count = _threads.available_cpus() if n is None else n
     _threads.set_num_threads(count)
-    torch.set_num_threads(1)
     c = core()
+    address = torch_openmp_team()[0] if shared_team else None
+    if c is not None:
+        c.set_omp_team(address or 0)
+    if address is not None:
+        torch.set_num_threads(count)
+        return
+    torch.set_num_threads(1)
     if c is not None:
         c.set_spin_ns(MODEL_SPIN_NS)
