@@ -166,6 +166,14 @@ def test_without_the_shared_team_convert_gives_the_cores_to_narrowmms_pool():
     assert not core().omp_team() and not nm.runtime_info()["omp_team"]
 
 
+def test_without_pytorchs_libgomp_set_num_threads_falls_back_to_the_pool(monkeypatch):
+    monkeypatch.setattr(nmt, "torch_openmp_team", lambda: (None, "not libgomp"))
+    torch.set_num_threads(2)
+    nmt.set_num_threads(2)
+    assert torch.get_num_threads() == 1 and nm.get_num_threads() == 2
+    assert not core().omp_team()
+
+
 def test_the_shared_team_gives_the_pools_bits():
     # the same parts on PyTorch's team as on narrowmm's pool and on one thread: every op
     # that splits work (matmul in both layouts, attention, RMS norm, SiLU)

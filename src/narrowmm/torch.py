@@ -366,7 +366,8 @@ def torch_openmp_team() -> tuple[int | None, str]:
     except OSError:
         return None, "no /proc/self/maps to find PyTorch's libgomp in"
     gomps = sorted(p for p in mapped if os.path.basename(p).startswith("libgomp"))
-    own = os.path.join(os.path.dirname(torch.__file__), "lib") + os.sep
+    package = os.path.dirname(torch.__file__)
+    own = (os.path.join(package, "lib") + os.sep, package + ".libs" + os.sep)  # wheel, vendored
     ours = [p for p in gomps if p.startswith(own)]
     if ours:
         gomps = ours
