@@ -166,6 +166,17 @@ def test_without_the_shared_team_convert_gives_the_cores_to_narrowmms_pool():
     assert not core().omp_team() and not nm.runtime_info()["omp_team"]
 
 
+def test_only_gomp_parallel_can_be_the_team():
+    import ctypes
+
+    for wrong in (1, ctypes.cast(ctypes.pythonapi.Py_IncRef, ctypes.c_void_p).value):
+        with pytest.raises(ValueError, match="not GOMP_parallel"):
+            core().set_omp_team(wrong)
+    assert not core().omp_team()
+    with pytest.raises(TypeError):
+        core().set_omp_team("GOMP_parallel")
+
+
 def test_without_pytorchs_libgomp_set_num_threads_falls_back_to_the_pool(monkeypatch):
     monkeypatch.setattr(nmt, "torch_openmp_team", lambda: (None, "not libgomp"))
     torch.set_num_threads(2)

@@ -7,6 +7,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#if defined(__linux__)
+#include <dlfcn.h> /* dladdr: set_omp_team checks what its address is */
+#endif
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -719,11 +723,26 @@ static PyObject *py_get_spin_ns(PyObject *self, PyObject *noargs) {
 }
 
 /* set_omp_team(address): run parallel jobs on the OpenMP team whose GOMP_parallel is at
- * `address` (0: narrowmm's own pool). The caller vouches for the address. */
+ * `address` (0: narrowmm's own pool). A wrong address would crash the next parallel call,
+ * so it must be a loaded library's symbol of that name (Linux: dladdr says which). */
 static PyObject *py_set_omp_team(PyObject *self, PyObject *arg) {
     (void)self;
     void *address = PyLong_AsVoidPtr(arg);
     if (!address && PyErr_Occurred()) return NULL;
+    if (address) {
+#if defined(__linux__)
+        Dl_info info;
+        if (!dladdr(address, &info) || !info.dli_sname || info.dli_saddr != address ||
+            strcmp(info.dli_sname, "GOMP_parallel") != 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "the address is not GOMP_parallel of a loaded libgomp");
+            return NULL;
+        }
+#else
+        PyErr_SetString(PyExc_ValueError, "an OpenMP team can be shared on Linux only");
+        return NULL;
+#endif
+    }
     nm_set_omp_team(address);
     Py_RETURN_NONE;
 }
