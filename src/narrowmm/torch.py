@@ -395,9 +395,9 @@ def set_num_threads(n: int | None = None, *, shared_team: bool = True) -> None:
       OpenMP team (:func:`torch_openmp_team`), so the model's other ops (attention, GELU,
       norms) run on ``n`` threads too and one team serves both. The parts are the same as
       on narrowmm's pool, so no bit changes. Measured on all-MiniLM-L6-v2 (2-core AMD EPYC
-      Zen 3, batch 32, ``model.encode``, medians of 4 interleaved rounds): 2 threads 125.8
-      ms against 138.5 ms with narrowmm's pool and PyTorch on 1 thread, and 138.1 ms for
-      PyTorch float32 on 2.
+      Zen 3, batch 32, ``model.encode``, medians of 4 interleaved rounds,
+      ``tools/perf/shared_team_ab.py``): 2 threads 120.8 ms against 132.0 ms with
+      narrowmm's pool and PyTorch on 1 thread, and 123.1 ms for PyTorch float32 on 2.
     - otherwise (or where the team cannot be found): narrowmm's pool gets ``n`` threads and
       PyTorch's team 1, and narrowmm's workers spin 2 ms after a call instead of 50 us
       (:data:`MODEL_SPIN_NS`) so that they are still awake when the next layer comes.
