@@ -157,26 +157,29 @@ def e5m2_to_f32_bits(q: int) -> int:
     return fp16_to_f32_bits((q & 0xFF) << 8)
 
 
-def f32_bits_to_e4m3fn(u: int, saturate: bool = False) -> int:
+def _f32_bits_to_fp8(u: int, saturate: bool, mant_bits: int, bias: int, largest: int,
+                     nan: int, overflow: int, saturated: int) -> int:
+    """A float32 (bits) to an FP8 code of ``mant_bits`` mantissa bits and ``bias``: NaN
+    gives ``nan``; past ``largest`` (Inf included) ``overflow``, or ``saturated`` (the
+    largest finite code) with ``saturate``; else round to nearest even (sign kept)."""
     sign, q = _split(u)
-    a = u & 0x7FFFFFFF
-    if q is None and a > _INF32:
-        return (sign << 7) | 0x7F
-    r = None if q is None else _round_unbounded(q, 3, -6)
-    if r is None or r > 448:  # Inf, or past the largest finite value: no infinity here
-        return (sign << 7) | (0x7E if saturate else 0x7F)
-    return (sign << 7) | _fp8_fields(r, 3, 7)
+    if q is None and u & 0x7FFFFFFF > _INF32:
+        return (sign << 7) | nan
+    r = None if q is None else _round_unbounded(q, mant_bits, 1 - bias)
+    if r is None or r > largest:
+        return (sign << 7) | (saturated if saturate else overflow)
+    return (sign << 7) | _fp8_fields(r, mant_bits, bias)
+
+
+def f32_bits_to_e4m3fn(u: int, saturate: bool = False) -> int:
+    """OCP E4M3FN: no infinity, so overflow and Inf give NaN (0x7F) unless saturating."""
+    return _f32_bits_to_fp8(u, saturate, 3, 7, 448, nan=0x7F, overflow=0x7F, saturated=0x7E)
 
 
 def f32_bits_to_e5m2(u: int, saturate: bool = False) -> int:
-    sign, q = _split(u)
-    a = u & 0x7FFFFFFF
-    if q is None and a > _INF32:
-        return (sign << 7) | 0x7E
-    r = None if q is None else _round_unbounded(q, 2, -14)
-    if r is None or r > 57344:
-        return (sign << 7) | (0x7B if saturate else 0x7C)
-    return (sign << 7) | _fp8_fields(r, 2, 15)
+    """OCP E5M2: overflow gives Inf (0x7C) unless saturating; NaN is 0x7E."""
+    return _f32_bits_to_fp8(u, saturate, 2, 15, 57344, nan=0x7E, overflow=0x7C,
+                            saturated=0x7B)
 
 
 def mul_f32(a: float, b: float) -> float:
