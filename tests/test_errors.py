@@ -136,6 +136,57 @@ def test_out_overlapping_x_with_a_bias_is_rejected_before_any_write(provider):
     np.testing.assert_array_equal(buf, before)
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_bias_sharing_memory_with_out_is_rejected_before_any_write(provider):
+    buf = np.arange(16, dtype=np.float32)
+    before = buf.copy()
+    w = nm.Weights(np.ones((K, N), np.float16))
+    with nm.use_provider(provider), pytest.raises(ValueError, match="shares memory with the "
+                                                                    "bias"):
+        nm.matmul(np.ones((1, K), np.float32), w, out=buf[:N].reshape(1, N), bias=buf[2:2 + N])
+    np.testing.assert_array_equal(buf, before)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_binding_checks_a_bias_on_its_own(packed):
+    """The binding's bias argument is re-validated in C: wrong length, dtype, rank or
+    strides, with accumulate, or overlapping out, each raise before anything is written."""
+    c = core()
+    x = np.ones((2, 3), np.float32)
+    bits = np.full((3, 4), 0x3C00, np.uint16)  # fp16 1.0
+    out = np.full((2, 4), 7.0, np.float32)
+    if packed:
+        width = c.pack_width()
+        slivers = np.zeros((3, width), np.uint16)
+
+        def call(bias, accumulate=False, target=out):
+            c.matmul_packed(1, x, slivers, 4, target, accumulate, bias=bias)
+    else:
+        def call(bias, accumulate=False, target=out):
+            c.matmul(1, x, bits, target, accumulate, bias=bias)
+
+    with pytest.raises(ValueError, match=r"bias must have shape \(4,\) = \(out_features,\), "
+                                         r"got \(5,\)"):
+        call(np.ones(5, np.float32))
+    with pytest.raises(TypeError, match="1-D aligned float32"):
+        call(np.ones(4))
+    with pytest.raises(TypeError, match="1-D aligned float32"):
+        call(np.ones((1, 4), np.float32))
+    with pytest.raises(TypeError, match="C-contiguous float32"):
+        call(np.ones(8, np.float32)[::2])
+    with pytest.raises(ValueError, match="cannot be combined"):
+        call(np.ones(4, np.float32), accumulate=True)
+    np.testing.assert_array_equal(out, 7.0)
+    buf = np.full(12, 7.0, np.float32)
+    with pytest.raises(ValueError, match="shares memory with the bias"):
+        call(buf[:4], target=buf[2:10].reshape(2, 4))
+    np.testing.assert_array_equal(buf, 7.0)
+    call(np.arange(4, dtype=np.float32))  # and a good one starts every chain from it
+    w = nm.Weights.from_bits(np.zeros((3, 4), np.uint16) if packed else bits, "fp16")
+    want = np.arange(4, dtype=np.float32)[None, :] + x @ w.decode()  # exact at these sizes
+    np.testing.assert_array_equal(out, want)
+
+
 def test_accumulate_needs_out(w, x):
     with pytest.raises(ValueError, match="accumulate=True needs an out"):
         nm.matmul(x, w, accumulate=True)

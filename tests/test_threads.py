@@ -54,6 +54,38 @@ def test_every_row_and_thread_count_gives_the_scalar_bits(fmt):
                     assert_same_bits(got, expected)
 
 
+# Shapes whose parts split columns, rows, or both, the streaming paths (m = 1, 2), a
+# ragged last sliver, and one long enough for the binding to run it as column chunks.
+BIAS_SHAPES = [(1, 300, 1100), (2, 300, 1100), (7, 256, 1100), (37, 300, 200), (101, 300, 30),
+               (448, 384, 384), (256, 1024, 4200)]
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+def test_a_bias_written_by_the_parts_gives_the_bits_of_a_bias_copied_first(fmt):
+    """The native parts write the bias into their own blocks of out (in parallel); the
+    chains must be exactly those that start from a bias copied into out beforehand, on every
+    row, thread count and layout."""
+    rng = np.random.default_rng(11)
+    for m, k, n in BIAS_SHAPES:
+        x, w = _case(rng, m, k, n, fmt)
+        bias = rng.standard_normal(n).astype(np.float32)
+        want = np.empty((m, n), np.float32)
+        want[...] = bias
+        nm.set_num_threads(1)
+        with use_isa("scalar"):
+            nm.matmul(x, w, out=want, accumulate=True)
+        packed_by_isa = {}
+        for isa in ISAS:
+            with use_isa(isa):
+                packed_by_isa[isa] = w.pack()
+                for threads in (1, 2, 3):
+                    nm.set_num_threads(threads)
+                    assert_same_bits(nm.matmul(x, w, bias=bias), want)
+                    out = np.full((m, n), np.nan, np.float32)
+                    nm.matmul(x, packed_by_isa[isa], out=out, bias=bias)
+                    assert_same_bits(out, want)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_strided_sub_blocks_across_threads(isa):
     rng = np.random.default_rng(8)

@@ -59,6 +59,7 @@ typedef struct matmul_job {
     float *c;
     int64_t ldc;
     int accumulate;
+    const float *bias; /* NULL, or the n values the chains start from (not with accumulate) */
     int packed; /* B is in the row's sliver-major layout (nm_matmul_packed); ldb unused */
     const nm_scales *scales; /* NULL for a format without scales */
     int col_parts, row_parts; /* the parts form a row_parts x col_parts grid of C blocks */
@@ -94,6 +95,14 @@ static int64_t k_range_end(const matmul_job *job, int64_t p, int64_t len) {
 
 static void zero_block(int64_t m, int64_t n, float *c, int64_t ldc) {
     for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+}
+
+/* Every row of the block set to bias[0..n): the chains then start from the bias. Done by the
+ * part that computes the block, so the first touch of a freshly allocated C (a page fault a
+ * page in some VMs) is shared by the threads and the block is in cache when its first tile
+ * loads it. */
+static void bias_block(int64_t m, int64_t n, const float *bias, float *c, int64_t ldc) {
+    for (int64_t i = 0; i < m; ++i) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
 }
 
 /* Pack rows [0, m) of a k block of A (kc columns from a, leading dimension lda) into MR-row
@@ -233,7 +242,10 @@ static void matmul_part(void *ctx, int part, int parts) {
     column_range(job->n, part % job->col_parts, job->col_parts, &j0, &j1);
     row_range(job->m, job->row->mr, part / job->col_parts, job->row_parts, &i0, &i1);
     if (j0 >= j1 || i0 >= i1) return;
-    if (!job->accumulate) zero_block(i1 - i0, j1 - j0, job->c + i0 * job->ldc + j0, job->ldc);
+    if (job->bias)
+        bias_block(i1 - i0, j1 - j0, job->bias + j0, job->c + i0 * job->ldc + j0, job->ldc);
+    else if (!job->accumulate)
+        zero_block(i1 - i0, j1 - j0, job->c + i0 * job->ldc + j0, job->ldc);
     if (job->k == 0) return;
     const int64_t rows = i1 - i0;
     if (job->m == 1 || rows == 2) {
@@ -291,8 +303,10 @@ static int worth_waking(int64_t m, int64_t n, int64_t k) {
 
 static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
                       const float *a, int64_t lda, const uint8_t *b, int64_t ldb, int packed,
-                      float *c, int64_t ldc, int accumulate, const nm_scales *scales) {
+                      float *c, int64_t ldc, int accumulate, const float *bias,
+                      const nm_scales *scales) {
     if (fmt < 0 || fmt >= NM_FMT_COUNT || m < 0 || n < 0 || k < 0) return NM_EINVAL;
+    if (bias && accumulate) return NM_EINVAL; /* a chain starts from one value */
     /* a scaled format needs its scales, and only it takes them */
     if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
     if (scales && (scales->bk <= 0 || scales->ld < n || !scales->s)) return NM_EINVAL;
@@ -302,7 +316,7 @@ static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, i
         slot = fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
     matmul_job job = {.row = row, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a, .lda = lda,
                       .b = b, .ldb = ldb, .c = c, .ldc = ldc, .accumulate = accumulate,
-                      .packed = packed, .scales = scales, .col_parts = 1, .row_parts = 1};
+                      .bias = bias, .packed = packed, .scales = scales, .col_parts = 1, .row_parts = 1};
     if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK &&
         worth_waking(m, n, k)) {
         /* Columns first: each weight is then decoded by one thread only. When there are
@@ -322,12 +336,12 @@ static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, i
 
 int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
-              int64_t ldc, int accumulate, const nm_scales *scales) {
-    return matmul_run(row, fmt, m, n, k, a, lda, b, ldb, 0, c, ldc, accumulate, scales);
+              int64_t ldc, int accumulate, const float *bias, const nm_scales *scales) {
+    return matmul_run(row, fmt, m, n, k, a, lda, b, ldb, 0, c, ldc, accumulate, bias, scales);
 }
 
 int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                     int accumulate, const nm_scales *scales) {
-    return matmul_run(row, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate, scales);
+                     int accumulate, const float *bias, const nm_scales *scales) {
+    return matmul_run(row, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate, bias, scales);
 }

@@ -27,11 +27,12 @@ typedef struct nm_scales {
 /* C[m x n] (+)= A[m x k] @ W[k x n] under the fma-chain contract, W = decode(B) (times the
  * scales, for a scaled format: `scales` is NULL exactly for the others).
  * A element (i,p) = a[i*lda + p]; B element (p,j) at b + p*ldb + j*itemsize (bytes);
- * C element (i,j) = c[i*ldc + j]. Without accumulate the block is first set to +0.0.
- * Only the m x n block of C is written. A, B and C must not overlap. */
+ * C element (i,j) = c[i*ldc + j]. Each chain starts from C's value with accumulate, from
+ * bias[j] when `bias` (n floats) is not NULL, else from +0.0; bias with accumulate is
+ * NM_EINVAL. Only the m x n block of C is written. A, B, C and the bias must not overlap. */
 int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
-              int64_t ldc, int accumulate, const nm_scales *scales);
+              int64_t ldc, int accumulate, const float *bias, const nm_scales *scales);
 
 /* The same product on weights packed for this row (Weights.pack): ceil(n / NR) slivers of
  * NR columns (NR = row->nr), sliver s holding columns [s*NR, s*NR + NR) as k rows of NR
@@ -40,7 +41,7 @@ int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k
  * changes. */
 int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                     int accumulate, const nm_scales *scales);
+                     int accumulate, const float *bias, const nm_scales *scales);
 
 /* The model ops (ops/; docs/invariance.md gives each one's fixed order of operations).
  *

@@ -184,7 +184,8 @@ static int64_t chunk_columns(double want, int64_t align, int64_t n) {
 /* The checks both layouts share, then the call: x and out float-aligned, out's rows
  * apart, out clear of x and the weights; n is the number of output columns. */
 static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const matrix *c,
-                            int64_t n, int packed, int accumulate, const nm_scales *scales) {
+                            int64_t n, int packed, int accumulate, const float *bias,
+                            const nm_scales *scales) {
     const int bsize = nm_format_table[fmt].itemsize;
     if (((uintptr_t)a->view.buf | (uintptr_t)a->ld | (uintptr_t)c->view.buf |
          (uintptr_t)c->ld) % sizeof(float)) {
@@ -222,11 +223,12 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
             chunk_scales.s += j0;
             cs = &chunk_scales;
         }
+        const float *cb = bias ? bias + j0 : NULL; /* the chunk's columns of the bias */
         status = packed ? nm_matmul_packed(row, fmt, m, w, k, ap, a->ld / 4,
                                            bp + (j0 / align) * k * align * bsize, cp + j0,
-                                           c->ld / 4, accumulate, cs)
+                                           c->ld / 4, accumulate, cb, cs)
                         : nm_matmul(row, fmt, m, w, k, ap, a->ld / 4, bp + j0 * bsize, b->ld,
-                                    cp + j0, c->ld / 4, accumulate, cs);
+                                    cp + j0, c->ld / 4, accumulate, cb, cs);
         seconds = now_seconds() - t0;
         Py_END_ALLOW_THREADS
         if (status == NM_ENOMEM) return PyErr_NoMemory();
@@ -302,14 +304,57 @@ static int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k
     return 0;
 }
 
-static PyObject *py_matmul(PyObject *self, PyObject *args) {
+/* The bias argument of a matmul: None, or a C-contiguous, aligned float32 vector of n values
+ * clear of out, not with accumulate. On success *have says whether `view` holds it (and must
+ * be released). */
+static int get_bias(PyObject *bo, int64_t n, int accumulate, const matrix *out, Py_buffer *view,
+                    int *have) {
+    *have = 0;
+    if (bo == Py_None) return 0;
+    if (accumulate) {
+        PyErr_SetString(PyExc_ValueError, "a bias and accumulate cannot be combined: a chain "
+                                          "starts from one value");
+        return -1;
+    }
+    if (PyObject_GetBuffer(bo, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "bias must be a C-contiguous float32 vector");
+        return -1;
+    }
+    if (view->ndim != 1 || view->itemsize != 4 || !format_ok(view->format, "f") ||
+        ((uintptr_t)view->buf % sizeof(float))) {
+        PyErr_SetString(PyExc_TypeError, "bias must be a 1-D aligned float32 vector");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->shape[0] != n) {
+        PyErr_Format(PyExc_ValueError, "bias must have shape (%lld,) = (out_features,), got "
+                     "(%lld,)", (long long)n, (long long)view->shape[0]);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (overlaps_buffer(out, view)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with the bias");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *have = 1;
+    return 0;
+}
+
+static char *matmul_keywords[] = {"fmt", "x", "weights", "out", "accumulate", "scales", "block",
+                                  "finite", "bias", NULL};
+static char *matmul_packed_keywords[] = {"fmt", "x", "slivers", "n", "out", "accumulate",
+                                         "scales", "block", "finite", "bias", NULL};
+
+static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     int fmt, accumulate;
-    PyObject *ao, *bo, *co, *so = Py_None;
+    PyObject *ao, *bo, *co, *so = Py_None, *biaso = Py_None;
     long long bk = 0;
     int finite = 0;
-    if (!PyArg_ParseTuple(args, "iOOOp|OLp:matmul", &fmt, &ao, &bo, &co, &accumulate, &so, &bk,
-                          &finite))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOOp|OLp$O:matmul", matmul_keywords, &fmt,
+                                     &ao, &bo, &co, &accumulate, &so, &bk, &finite, &biaso))
         return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const int bsize = nm_format_table[fmt].itemsize;
@@ -330,11 +375,15 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     nm_scales sc;
     int have;
     if (get_scales(fmt, so, bk, finite, b.rows, b.cols, &sv, &sc, &have) < 0) goto done;
+    Py_buffer bv;
+    int have_bias = 0;
     if (have && overlaps_buffer(&c, &sv)) {
         PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
-    } else {
-        result = run_matmul(fmt, &a, &b, &c, b.cols, 0, accumulate, have ? &sc : NULL);
+    } else if (get_bias(biaso, b.cols, accumulate, &c, &bv, &have_bias) == 0) {
+        result = run_matmul(fmt, &a, &b, &c, b.cols, 0, accumulate,
+                            have_bias ? (const float *)bv.buf : NULL, have ? &sc : NULL);
     }
+    if (have_bias) PyBuffer_Release(&bv);
     if (have) PyBuffer_Release(&sv);
 done:
     release(&a);
@@ -345,14 +394,15 @@ done:
 
 /* matmul_packed(fmt, x, slivers, n, out, accumulate): the weights as the current row's
  * layout (nm_matmul_packed), passed as a (ceil(n / NR) * k, NR) C-contiguous array. */
-static PyObject *py_matmul_packed(PyObject *self, PyObject *args) {
+static PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     int fmt, accumulate;
     long long n, bk = 0;
     int finite = 0;
-    PyObject *ao, *bo, *co, *so = Py_None;
-    if (!PyArg_ParseTuple(args, "iOOLOp|OLp:matmul_packed", &fmt, &ao, &bo, &n, &co,
-                          &accumulate, &so, &bk, &finite))
+    PyObject *ao, *bo, *co, *so = Py_None, *biaso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOLOp|OLp$O:matmul_packed",
+                                     matmul_packed_keywords, &fmt, &ao, &bo, &n, &co,
+                                     &accumulate, &so, &bk, &finite, &biaso))
         return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const int bsize = nm_format_table[fmt].itemsize;
@@ -383,11 +433,15 @@ static PyObject *py_matmul_packed(PyObject *self, PyObject *args) {
     int have;
     if (get_scales(fmt, so, bk, finite, a.cols, (n + nr - 1) / nr * nr, &sv, &sc, &have) < 0)
         goto done;
+    Py_buffer bv;
+    int have_bias = 0;
     if (have && overlaps_buffer(&c, &sv)) {
         PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
-    } else {
-        result = run_matmul(fmt, &a, &b, &c, n, 1, accumulate, have ? &sc : NULL);
+    } else if (get_bias(biaso, n, accumulate, &c, &bv, &have_bias) == 0) {
+        result = run_matmul(fmt, &a, &b, &c, n, 1, accumulate,
+                            have_bias ? (const float *)bv.buf : NULL, have ? &sc : NULL);
     }
+    if (have_bias) PyBuffer_Release(&bv);
     if (have) PyBuffer_Release(&sv);
 done:
     release(&a);
@@ -934,12 +988,14 @@ static PyMethodDef methods[] = {
      "attention(q, k, v, allowed or None, scale, out): ops/attention.c."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, eps, out): rows of x, no weight."},
     {"silu", py_silu, METH_VARARGS, "silu(x, out): x / (1 + exp(-x)), elementwise."},
-    {"matmul_packed", py_matmul_packed, METH_VARARGS,
-     "matmul_packed(fmt, x, slivers, n, out, accumulate): the row's packed layout; x and out "
-     "(m, k) and (m, n), or (k,) and (n,)."},
-    {"matmul", py_matmul, METH_VARARGS,
-     "matmul(fmt, x, weights, out, accumulate): out (+)= x @ decode(weights); x and out (m, k) "
-     "and (m, n), or (k,) and (n,)."},
+    {"matmul_packed", (PyCFunction)(void (*)(void))py_matmul_packed,
+     METH_VARARGS | METH_KEYWORDS,
+     "matmul_packed(fmt, x, slivers, n, out, accumulate[, scales, block, finite], *, "
+     "bias=None): the row's packed layout; x and out (m, k) and (m, n), or (k,) and (n,)."},
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
+     "matmul(fmt, x, weights, out, accumulate[, scales, block, finite], *, bias=None): out "
+     "(+)= x @ decode(weights), each chain from bias[j] when given; x and out (m, k) and "
+     "(m, n), or (k,) and (n,)."},
     {"encode", py_encode, METH_VARARGS, "encode(fmt, float32 src, uint16 dst[, isa])."},
     {"decode", py_decode, METH_VARARGS, "decode(fmt, uint16 src, float32 dst[, isa])."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "Usable CPU features."},

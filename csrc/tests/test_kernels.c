@@ -2,7 +2,8 @@
  * output is compared bit for bit with the scalar row's (a NaN only has to meet a NaN):
  * codecs over all 65,536 16-bit patterns and a dense sample of float32 ones, the
  * 65,536-pattern kernel sweep on both paths (256 patterns x scales for FP8, on every path),
- * and random shapes across tile edges, strides, odd byte offsets, accumulate, thread counts
+ * and random shapes across tile edges, strides, odd byte offsets, accumulate or a bias, thread
+ * counts
  * and blocks of scales, with guard cells around every output.
  * No Python involved: it runs under sanitizers and under qemu for other architectures.
  * Prints one line per problem and ends with "N passed, M failed". */
@@ -175,8 +176,9 @@ static void test_sweep8(const nm_kernel_row *row, const nm_kernel_row *ref) {
                 for (size_t mi = 0; mi < 3; ++mi) {
                     const int64_t m = ms[mi];
                     int st = packed
-                                 ? nm_matmul_packed(row, fmt, m, N, K, a, K, bpk, c, N, 0, &scl)
-                                 : nm_matmul(row, fmt, m, N, K, a, K, b + 1, N, c, N, 0, &scl);
+                                 ? nm_matmul_packed(row, fmt, m, N, K, a, K, bpk, c, N, 0, NULL,
+                                                    &scl)
+                                 : nm_matmul(row, fmt, m, N, K, a, K, b + 1, N, c, N, 0, NULL, &scl);
                     long bad = 0;
                     for (int64_t i = 0; i < m; ++i)
                         for (int j = 0; j < N; ++j) bad += !same(c[i * N + j], want[j]);
@@ -199,7 +201,8 @@ static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
         ref->decode[fmt](h, dec, 65536);
         memcpy(b + 1, h, 65536 * 2); /* B at an odd address */
         for (int64_t m = 1; m <= 2; ++m) {
-            int st = nm_matmul(row, fmt, m, 65536, 1, a, 1, b + 1, 65536 * 2, c, 65536, 0, NULL);
+            int st = nm_matmul(row, fmt, m, 65536, 1, a, 1, b + 1, 65536 * 2, c, 65536, 0, NULL,
+                               NULL);
             long bad = 0;
             for (int j = 0; j < 65536; ++j) bad += !same(c[j], dec[j] + 0.0f);
             expect(st == NM_OK && bad == 0, "%s %s: sweep m=%lld differs on %ld patterns",
@@ -214,8 +217,13 @@ static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
 
 #define GUARD 7.25f
 
+/* How a case's chains start: from +0.0, from C's values (accumulate), or from a bias. The
+ * scalar row's reference for a bias is C set to the bias and accumulated into. */
+enum { START_ZERO, START_ACCUMULATE, START_BIAS };
+
 static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt, int64_t m,
-                     int64_t n, int64_t k, int accumulate, int threads) {
+                     int64_t n, int64_t k, int start, int threads) {
+    const int accumulate = start == START_ACCUMULATE;
     const int64_t itemsize = nm_format_table[fmt].itemsize;
     /* scales for a scaled format: a block of 1, 4 or 128 rows, or one for all of k; the
      * row is padded to whole slivers of every row (96 columns) for the packed layout */
@@ -251,6 +259,12 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
     for (int64_t i = 0; i < (m + 2) * ldc; ++i) c_ref[i] = c_got[i] = GUARD;
     for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) c_ref[(i + 1) * ldc + j] = c_got[(i + 1) * ldc + j] = next_float();
+    float *bias = NULL;
+    if (start == START_BIAS) { /* its own buffer, exactly n long, for the sanitizers */
+        bias = xmalloc((size_t)(n ? n : 1) * 4);
+        for (int64_t j = 0; j < n; ++j) bias[j] = next_float();
+        for (int64_t i = 0; i < m; ++i) memcpy(c_ref + (i + 1) * ldc, bias, (size_t)n * 4);
+    }
     memcpy(c_pk, c_got, c_bytes);
     /* weights without NaN or Inf codes (most shapes) take the finite-weights kernels */
     if (itemsize == 1) {
@@ -272,10 +286,12 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
                 memcpy(bpk + ((sl * k + p) * nr + j - sl * nr) * itemsize, b + p * ldb + j * itemsize,
                        (size_t)itemsize);
     nm_set_num_threads(1);
-    int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate, scales);
+    int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate || bias,
+                       NULL, scales);
     nm_set_num_threads(threads);
-    int s2 = nm_matmul(row, fmt, m, n, k, a, lda, b, ldb, c_got + ldc, ldc, accumulate, scales);
-    int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate,
+    int s2 = nm_matmul(row, fmt, m, n, k, a, lda, b, ldb, c_got + ldc, ldc, accumulate, bias,
+                       scales);
+    int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate, bias,
                               scales);
     long bad = 0, guard = 0, bad_pk = 0, guard_pk = 0;
     for (int64_t r = 0; r < m + 2; ++r) {
@@ -293,11 +309,11 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
     }
     expect(s1 == NM_OK && s2 == NM_OK && s3 == NM_OK && bad == 0 && guard == 0 && bad_pk == 0 &&
                guard_pk == 0,
-           "%s %s m=%lld n=%lld k=%lld acc=%d threads=%d bk=%lld finite=%d: %ld differ, %ld "
+           "%s %s m=%lld n=%lld k=%lld start=%d threads=%d bk=%lld finite=%d: %ld differ, %ld "
            "guard cells written; packed weights: %ld differ, %ld guard cells written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
-           accumulate, threads, (long long)bk, scl.finite, bad, guard, bad_pk, guard_pk);
-    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv);
+           start, threads, (long long)bk, scl.finite, bad, guard, bad_pk, guard_pk);
+    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv), free(bias);
 }
 
 static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
@@ -309,23 +325,31 @@ static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; ++j) {
                 /* every (m, n) pair once, with a k and flags drawn at random */
                 const int64_t k = ks[next_u64() % (sizeof ks / sizeof ks[0])];
-                run_case(row, ref, fmt, ms[i], ns[j], k, (int)(next_u64() & 1), 1);
+                run_case(row, ref, fmt, ms[i], ns[j], k, (int)(next_u64() % 3), 1);
             }
         /* large enough to be split across threads (m*n*k >= 2^18) */
-        run_case(row, ref, fmt, 1, 1100, 300, 0, 3);
-        run_case(row, ref, fmt, 17, 1100, 300, 1, 2);
-        run_case(row, ref, fmt, 33, 700, 513, 0, 3);
+        run_case(row, ref, fmt, 1, 1100, 300, START_ZERO, 3);
+        run_case(row, ref, fmt, 1, 1100, 300, START_BIAS, 2);
+        run_case(row, ref, fmt, 17, 1100, 300, START_ACCUMULATE, 2);
+        run_case(row, ref, fmt, 2, 1100, 300, START_BIAS, 3);
+        run_case(row, ref, fmt, 33, 700, 513, START_BIAS, 3);
         /* more rows than one packed A block (2048): the block edge, on 7 threads (3 column
          * parts x 2 row parts) */
-        run_case(row, ref, fmt, 2053, 200, 19, 1, 7);
+        run_case(row, ref, fmt, 2053, 200, 19, START_ACCUMULATE, 7);
         /* one column grain: the rows are split instead, in ragged MR-row ranges */
-        run_case(row, ref, fmt, 101, 30, 300, 0, 3);
+        run_case(row, ref, fmt, 101, 30, 300, START_BIAS, 3);
         /* few rows: packed weights run the slivers outside the k blocks, here with the rows
          * split into parts; then 16 rows whose A for all of k passes 512 KiB, which sends
          * them back to the k blocks outside */
-        run_case(row, ref, fmt, 12, 30, 1000, 1, 3);
-        run_case(row, ref, fmt, 16, 40, 8448, 0, 2);
+        run_case(row, ref, fmt, 12, 30, 1000, START_ACCUMULATE, 3);
+        run_case(row, ref, fmt, 16, 40, 8448, START_ZERO, 2);
     }
+    /* a chain starts from one value: a bias with accumulate is refused, C untouched */
+    float a1[2] = {1.0f, 2.0f}, c1[2] = {GUARD, GUARD}, bias1[2] = {3.0f, 4.0f};
+    const uint8_t b1[8] = {0};
+    const int st = nm_matmul(row, NM_FMT_F32, 1, 2, 1, a1, 1, b1, 8, c1, 2, 1, bias1, NULL);
+    expect(st == NM_EINVAL && bits_of(c1[0]) == bits_of(GUARD) && bits_of(c1[1]) == bits_of(GUARD),
+           "%s: a bias with accumulate gave status %d", row->isa, st);
 }
 
 /* The model ops (ops/): a row and thread count give the scalar row's one-thread bits; a

@@ -93,7 +93,8 @@ def matmul(
     Raises:
         TypeError: wrong dtypes or non-array arguments.
         ValueError: mismatched shapes, a read-only ``out``, ``out`` sharing memory with
-            ``x`` or the weights, ``accumulate`` without ``out``, packed weights used under
+            ``x``, the weights or the bias, ``accumulate`` without ``out``, ``bias`` with
+            ``accumulate``, packed weights used under
             an ISA row with another sliver width.
     """
     packed = w if isinstance(w, PackedWeights) else None
@@ -136,16 +137,22 @@ def matmul(
         if kernel_out is None:  # compute in a scratch array and copy back: any strides
             kernel_out = (np.array(target, order="C") if accumulate
                           else np.empty(out_shape, _F32))
-    if bias is not None:  # everything is validated: now the chains may start from it
+    if bias is not None:
+        if out is not None and np.may_share_memory(target, bias):
+            raise ValueError("out shares memory with the bias")
+        bias = _flat_aligned(bias)  # what the binding reads: contiguous, aligned
+    if bias is not None and provider.name != "native":
+        # everything is validated: now the chains may start from it (the native parts
+        # write it themselves, each its own block of out, in parallel)
         kernel_out[...] = bias
-        accumulate = True
+        accumulate, bias = True, None
     if native_packed:  # the binding takes 1-D x and out as one row
         scales = w.kernel_scales(-(-n // w.width) * w.width)
         extra = () if scales is None else scales
         core().matmul_packed(w.format.code, xa, w._slivers, n, kernel_out,
-                             bool(accumulate), *extra)
+                             bool(accumulate), *extra, bias=bias)
     elif provider.name == "native":
-        kernel.fn(xa, w.bits, kernel_out, bool(accumulate), w.kernel_scales(n))
+        kernel.fn(xa, w.bits, kernel_out, bool(accumulate), w.kernel_scales(n), bias)
     else:  # the other providers compute on 2-D, row-major arrays, with the plain scales
         kernel.fn(xa[None, :] if vector else xa,
                   packed.unpack().bits if packed is not None else w.bits,

@@ -69,26 +69,24 @@ def _linear_arrays(xa: np.ndarray, bits: np.ndarray, bias: np.ndarray | None, fm
                    scales: tuple[np.ndarray, int, bool] | None = None) -> np.ndarray:
     """``xa`` (..., k) float32 through the layer's NumPy views: bits as the binding takes
     them ((k, n) rows, or (slivers * k, width) packed), and for a scaled format its scales
-    in the kernels' form (``Weights.kernel_scales``). The bias is copied into the output
-    first and the chains accumulate from it."""
+    in the kernels' form (``Weights.kernel_scales``). The chains start from the bias."""
     x2 = xa.reshape(-1, xa.shape[-1])
     out = np.empty((x2.shape[0], out_features), np.float32)
-    accumulate = bias is not None
-    if accumulate:
-        out[...] = bias
     provider, _ = resolve("matmul", fmt)  # honours use_provider and NARROWMM_* checks
     extra = () if scales is None else scales
-    if provider.name == "native":  # the binding checks shapes, strides and the pack width
+    if provider.name == "native":  # the binding checks shapes, strides and the pack width;
+        # its parts write the bias into their own blocks of out, in parallel
         if packed:
-            core().matmul_packed(fmt.code, x2, bits, out_features, out, accumulate, *extra)
+            core().matmul_packed(fmt.code, x2, bits, out_features, out, False, *extra,
+                                 bias=bias)
         else:
-            core().matmul(fmt.code, x2, bits, out, accumulate, *extra)
+            core().matmul(fmt.code, x2, bits, out, False, *extra, bias=bias)
     else:
         plain = None if scales is None else _plain_scales(scales, fmt, out_features)
         w = (PackedWeights(bits.reshape(-1, x2.shape[1], bits.shape[1]), out_features, fmt,
                            _pack_isa(bits.shape[1]), plain) if packed
              else Weights.from_bits(bits, fmt, plain))
-        matmul(x2, w, out=out, accumulate=accumulate)
+        matmul(x2, w, out=out, bias=bias)
     return out.reshape(*xa.shape[:-1], out_features)
 
 

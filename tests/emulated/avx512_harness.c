@@ -78,15 +78,17 @@ void nm_emu_main(emu_job *job) {
     emulated_threads = (int)job->threads;
     const nm_scales scales = {job->s, job->s_ld, job->s_bk, (int)job->s_finite};
     const nm_scales *sc = job->s ? &scales : 0;
+    /* no bias here: the frame writes it (matmul_part), the same C on every row; the
+     * scalar and avx2 rows test it in csrc/tests and tests/test_api.py */
     switch (job->op) {
     case EMU_MATMUL:
         job->status = nm_matmul(&row, (int)job->fmt, job->m, job->n, job->k, job->a, job->lda,
-                                job->b, job->ldb, job->c, job->ldc, (int)job->accumulate, sc);
+                                job->b, job->ldb, job->c, job->ldc, (int)job->accumulate, 0, sc);
         break;
     case EMU_MATMUL_PACKED:
         job->status = nm_matmul_packed(&row, (int)job->fmt, job->m, job->n, job->k, job->a,
                                        job->lda, job->b, job->c, job->ldc, (int)job->accumulate,
-                                       sc);
+                                       0, sc);
         break;
     case EMU_DECODE:
         row.decode[job->fmt]((const uint16_t *)job->b, job->c, job->n);

@@ -68,12 +68,11 @@ def _matmul(fmt: Format):
     code = fmt.code
 
     def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool,
-            scales: tuple[np.ndarray, int, bool] | None = None) -> None:
-        """``scales``: the kernels' form, ``Weights.kernel_scales``."""
-        if scales is None:
-            _core.matmul(code, x, bits, out, accumulate)
-        else:
-            _core.matmul(code, x, bits, out, accumulate, *scales)
+            scales: tuple[np.ndarray, int, bool] | None = None,
+            bias: np.ndarray | None = None) -> None:
+        """``scales``: the kernels' form, ``Weights.kernel_scales``; ``bias``: the values
+        the chains start from (the C parts write it into ``out`` themselves)."""
+        _core.matmul(code, x, bits, out, accumulate, *(scales or ()), bias=bias)
 
     return run
 
