@@ -105,18 +105,31 @@ static void bias_block(int64_t m, int64_t n, const float *bias, float *c, int64_
     for (int64_t i = 0; i < m; ++i) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
 }
 
+/* One whole micro-panel of `mr` rows: dst[p * mr + i] = a[i * lda + p]. Inlined with a
+ * constant mr, the compiler turns each p's mr loads into one vector store (a transpose);
+ * the rows' loop outside, with strided single stores, ran 5-6x slower (448 x 1536 floats:
+ * 1.1 ms against 0.16-0.2 ms on Zen 3), and every column part packs all of A. */
+static inline void pack_panel(int64_t mr, int64_t kc, const float *a, int64_t lda, float *dst) {
+    for (int64_t p = 0; p < kc; ++p)
+        for (int64_t i = 0; i < mr; ++i) dst[p * mr + i] = a[i * lda + p];
+}
+
 /* Pack rows [0, m) of a k block of A (kc columns from a, leading dimension lda) into MR-row
  * micro-panels: dst[(i / mr) * kc * mr + p * mr + i % mr] = a[i][p], rows past m zero. */
 static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t mr, float *dst) {
     for (int64_t i0 = 0; i0 < m; i0 += mr) {
         float *panel = dst + i0 * kc;
+        const float *src = a + i0 * lda;
         const int64_t rows = min64(mr, m - i0);
-        for (int64_t i = 0; i < rows; ++i) {
-            const float *src = a + (i0 + i) * lda;
-            for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = src[p];
+        if (rows == 4 && mr == 4) { /* the MRs of the rows (avx2 4, avx512 and neon 8) */
+            pack_panel(4, kc, src, lda, panel);
+        } else if (rows == 8 && mr == 8) {
+            pack_panel(8, kc, src, lda, panel);
+        } else { /* another MR, or the last, ragged panel */
+            for (int64_t p = 0; p < kc; ++p)
+                for (int64_t i = 0; i < mr; ++i)
+                    panel[p * mr + i] = i < rows ? src[i * lda + p] : 0.0f;
         }
-        for (int64_t i = rows; i < mr; ++i)
-            for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = 0.0f;
     }
 }
 
