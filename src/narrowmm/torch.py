@@ -218,7 +218,7 @@ class Linear(torch.nn.Module):
         return cls(layer.weights, layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and x.requires_grad:
+        if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("narrowmm.torch.Linear is inference-only and the input needs a "
                                "gradient: run the model under torch.inference_mode() or "
                                "torch.no_grad()")
@@ -234,7 +234,10 @@ class Linear(torch.nn.Module):
         if not x.is_contiguous():
             x = x.contiguous()
         if _eager(x):  # the implementation itself, on NumPy views made once per buffer
-            weight_bits, bias, scales = self.weight_bits, self.bias, self.weight_scales
+            # (read from _buffers: nn.Module's __getattr__ costs ~1 us a name on a slow VM)
+            buffers = self._buffers
+            weight_bits, bias = buffers["weight_bits"], buffers["bias"]
+            scales = buffers["weight_scales"]
             if (self._views[0] is not weight_bits or self._views[1] is not bias
                     or self._views[2] is not scales):
                 self._views = (weight_bits, bias, scales,
