@@ -2,9 +2,8 @@
  * output is compared bit for bit with the scalar row's (a NaN only has to meet a NaN):
  * codecs over all 65,536 16-bit patterns and a dense sample of float32 ones, the
  * 65,536-pattern kernel sweep on both paths (256 patterns x scales for FP8, on every path),
- * and random shapes across tile edges, strides, odd byte offsets, accumulate or a bias, thread
- * counts
- * and blocks of scales, with guard cells around every output.
+ * and random shapes across tile edges, strides, odd byte offsets, accumulate or a bias,
+ * thread counts and blocks of scales, with guard cells around every output.
  * No Python involved: it runs under sanitizers and under qemu for other architectures.
  * Prints one line per problem and ends with "N passed, M failed". */
 #include <math.h>

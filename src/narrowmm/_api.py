@@ -94,8 +94,8 @@ def matmul(
         TypeError: wrong dtypes or non-array arguments.
         ValueError: mismatched shapes, a read-only ``out``, ``out`` sharing memory with
             ``x``, the weights or the bias, ``accumulate`` without ``out``, ``bias`` with
-            ``accumulate``, packed weights used under
-            an ISA row with another sliver width.
+            ``accumulate``, packed weights used under an ISA row with another sliver
+            width.
     """
     packed = w if isinstance(w, PackedWeights) else None
     if packed is None and not isinstance(w, Weights):
