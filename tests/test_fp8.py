@@ -39,7 +39,7 @@ def bits32(a: np.ndarray) -> np.ndarray:
 # ---- the format table ---------------------------------------------------------------------
 
 def test_the_fp8_rows_of_the_format_table():
-    for name, code, exponent in (("e4m3fn", 3, 120), ("e5m2", 4, 112)):
+    for name, code, exponent in (("e4m3fn", 3, 8), ("e5m2", 4, 0)):
         f = nm.get_format(name)
         assert (f.code, f.itemsize, f.scaled, f.scale_exponent) == (code, 1, True, exponent)
         assert f.max_finite == MAX[name]
@@ -242,6 +242,45 @@ def test_bits_do_not_depend_on_threads_blocks_or_layout(fmt):
                 nm.set_num_threads(before)
 
 
+@pytest.mark.parametrize("fmt", FP8)
+def test_small_values_cost_no_more_than_normal_ones(fmt, isa):
+    """Codes that FP8 stores as subnormals are normal float32 numbers: their kernels must run
+    as fast as those of normal codes. An Intel Xeon took a microcode assist for every weight
+    when the decode passed through float32 subnormals (e4m3fn of 0.01 * N(0, 1): 140 ms
+    against 28 ms); the AMD cores of this project's machines hardly notice, which is why
+    the C driver also checks the x86 denormal-operand flag. A ratio in one process, the two
+    timed in turns on weights that stay in cache (the decode's cost, not the memory's)."""
+    import time
+
+    rng = np.random.default_rng(11)
+    v = rng.standard_normal((512, 4096)).astype(np.float32)
+    dtype = ml_dtypes_fp8(fmt)
+    normal = nm.Weights(v.astype(dtype))
+    small = nm.Weights((v * (2.0**-9 if fmt == "e4m3fn" else 2.0**-16)).astype(dtype))
+    assert np.mean((small.bits & 0x7F) < (0x08 if fmt == "e4m3fn" else 0x04)) > 0.5
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    before = nm.get_num_threads()
+    nm.set_num_threads(1)
+    try:
+        for layout in ("rows", "packed"):
+            a, b = (normal, small) if layout == "rows" else (normal.pack(), small.pack())
+            times: dict[int, list[float]] = {0: [], 1: []}
+            for _ in range(41):
+                for i, w in enumerate((a, b)):
+                    t0 = time.perf_counter()
+                    nm.matmul(x, w)
+                    times[i].append(time.perf_counter() - t0)
+            ratio = float(np.median(times[1]) / np.median(times[0]))
+            assert ratio < 2.0, f"{fmt} {layout}: small values {ratio:.1f}x slower"
+    finally:
+        nm.set_num_threads(before)
+
+
+def ml_dtypes_fp8(fmt: str):
+    ml_dtypes = require("ml_dtypes")
+    return getattr(ml_dtypes, "float8_" + fmt)
+
+
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(fmt=st.sampled_from(FP8), m=st.integers(0, 7), n=st.integers(0, 70),
@@ -309,8 +348,9 @@ def test_scale_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"scales of shape \(1, 5\).*expected a grid of "
                                          r"shape \(1, 6\)"):
         nm.Weights.from_bits(q, "e4m3fn", nm.Scales.columns(np.ones(5, np.float32)))
-    with pytest.raises(ValueError, match="e4m3fn scales must be finite and below 256"):
-        nm.Weights.from_bits(q, "e4m3fn", nm.Scales.tensor(300.0))
+    with pytest.raises(ValueError, match=r"e4m3fn scales must be finite and below 1\.32923e\+36"):
+        nm.Weights.from_bits(q, "e4m3fn", nm.Scales.tensor(2.0**120))
+    nm.Weights.from_bits(q, "e4m3fn", nm.Scales.tensor(2.0**119))  # the largest power of two
     with pytest.raises(ValueError, match="must be finite"):
         nm.Weights.from_bits(q, "e5m2", nm.Scales.tensor(float("nan")))
     with pytest.raises(ValueError, match="format 'bf16' takes no scales"):
@@ -412,14 +452,14 @@ def test_fp8_checkpoint_errors(tmp_path):
                              "b.weight": ("F8_E4M3", q),
                              "b.weight_scale": ("F32", np.ones(5, np.float32)),
                              "c.weight": ("F8_E4M3", q),
-                             "c.weight_scale": ("F32", np.array([1e30], np.float32)),
+                             "c.weight_scale": ("F32", np.array([1e37], np.float32)),
                              "d.weight": ("F8_E4M3", q)})
     f = nm.load_safetensors(path)
     with pytest.raises(nm.SafetensorsError, match=r"'a\.weight_scale' has dtype I32"):
         f["a.weight"]
     with pytest.raises(nm.SafetensorsError, match=r"shape \(5,\); expected one scale"):
         f["b.weight"]
-    with pytest.raises(nm.SafetensorsError, match=r"the scales of 'c\.weight'.*below 256"):
+    with pytest.raises(nm.SafetensorsError, match=r"the scales of 'c\.weight'.*below 1\.3"):
         f["c.weight"]
     assert f["d.weight"].scales.kind == "tensor"  # no scale tensor: scale 1.0
 

@@ -23,8 +23,8 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
     [NM_FMT_F32] = {"f32", 4, 0, 0},
     [NM_FMT_FP16] = {"fp16", 2, 0, 0},
     [NM_FMT_BF16] = {"bf16", 2, 0, 0},
-    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 120}, /* 127 - 7: the exponent biases apart */
-    [NM_FMT_E5M2] = {"e5m2", 1, 1, 112},     /* 127 - 15 */
+    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8}, /* 15 - 7: binary16's bias against e4m3fn's */
+    [NM_FMT_E5M2] = {"e5m2", 1, 1, 0},     /* e5m2 is a binary16's top byte */
 };
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of

@@ -25,21 +25,24 @@ static inline uint16_t nm_load_u16(const uint8_t *p) {
 
 static inline float nm_load1_fp16(const uint8_t *p) { return nm_fp16_to_f32(nm_load_u16(p)); }
 static inline float nm_load1_bf16(const uint8_t *p) { return nm_bf16_to_f32(nm_load_u16(p)); }
-/* raw() of one FP8 weight (nm_kernels.h): the exact decode times 2^-r, exact */
+/* raw() of one FP8 weight (nm_kernels.h): the binary16 the SIMD rows convert (the NaN code
+ * as the quiet NaN 0x7E00), through the portable binary16 decode; never a float32
+ * subnormal (the smallest e4m3fn code is 2^-9 * 2^-8) */
 static inline float nm_load1_e4m3fn_raw(const uint8_t *p) {
-    return nm_e4m3fn_to_f32(*p) * 0x1p-120f;
+    const uint32_t q = *p, mag = (q & 0x7Fu) << 7;
+    const uint32_t is_nan = nm_mask(mag == 0x3F80u);
+    return nm_fp16_to_f32((uint16_t)(((q & 0x80u) << 8) | (is_nan & 0x7E00u) | (~is_nan & mag)));
 }
-static inline float nm_load1_e5m2_raw(const uint8_t *p) { return nm_e5m2_to_f32(*p) * 0x1p-112f; }
+static inline float nm_load1_e5m2_raw(const uint8_t *p) { return nm_e5m2_to_f32(*p); }
 
-/* raw() of a finite FP8 code from its byte sign-extended to 32 bits, x: shifted so that the
- * 7 magnitude bits fill a float32's exponent and mantissa from the mantissa's top (their
- * exponent field is then the code's, i.e. the value times 2^-r), the sign extension
- * supplying bit 31, and the bits between cleared. A code of exponent 0 lands on a float32
- * subnormal of the same scale. The SIMD rows do this lane-wise. */
-#define NM_E4M3FN_RAW_SHIFT 20
-#define NM_E4M3FN_RAW_MASK 0x87FFFFFFu
-#define NM_E5M2_RAW_SHIFT 21
-#define NM_E5M2_RAW_MASK 0x8FFFFFFFu
+/* The binary16 bits of raw() of a finite e4m3fn code, from its byte sign-extended to 16
+ * bits, x: x << 7 puts the 7 magnitude bits in a binary16's exponent and mantissa fields
+ * (the value / 2^8: bias 15 against 7, subnormal codes on binary16 subnormals, which the
+ * hardware conversion makes normal float32s) and the sign in bit 15; the mask clears the
+ * copy of the sign that lands in bit 14. The SIMD rows do this lane-wise, then convert
+ * (F16C, FCVTL). A NaN code would come out as binary16 -/+ 480: finite weights only. */
+#define NM_E4M3FN_FP16_SHIFT 7
+#define NM_E4M3FN_FP16_MASK 0xBF80u
 
 /* Scales (nm_kernels.h): every template below takes two operations that apply the scales
  * of the columns at sp to decoded weights, SCV(w, sp) on a vector of them and SC1(x, sp) on

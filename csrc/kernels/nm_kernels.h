@@ -27,11 +27,15 @@
  *
  * The kernels' scales are s[j] = scale[j] * 2^r, r = nm_format_info.scale_exponent (exact:
  * the caller keeps them finite), and they multiply raw(B[p][j]) = decode(B[p][j]) * 2^-r
- * (exact too; NaN and Inf stay as they are). raw() of a finite code is a few integer
- * operations on its bits (the sign and the magnitude moved into a float32's fields, the
- * subnormals landing on float32 subnormals), so
+ * (exact too; NaN and Inf stay as they are). raw() is what the hardware's binary16
+ * conversion (F16C, FCVTL) gives for the code's bits moved into a binary16 (e5m2: the top
+ * byte, r = 0; e4m3fn: the magnitude << 7, r = 8), so
  *     w[p][j] = fl32(raw(B[p][j]) * s[j])
- * is the same number rounded once, without a decode table or a rebias multiply. */
+ * is the same number rounded once, without a decode table or a rebias multiply. raw() of
+ * every code is a normal float32, zero, Inf or NaN, never a subnormal: some CPUs take a
+ * microcode assist for each subnormal operand (an Intel Xeon ran FP8 weights of small
+ * values 10-40x slower when raw() landed on float32 subnormals), and the C driver checks
+ * that no kernel's decode raises the x86 denormal-operand flag. */
 
 /* The matmul slots of a row: one per format, then, for each scaled format, one for weights
  * known to hold no NaN or Inf code (nm_scales.finite), whose raw() may skip those cases. A

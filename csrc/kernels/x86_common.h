@@ -13,10 +13,11 @@ static inline float load1_fp16_f16c(const uint8_t *p) { return _cvtsh_ss(nm_load
 
 #define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
-/* FP8 bytes (the low 8 of q) as binary16 bits for F16C, 8 lanes of 16 bits. e5m2 is the
- * high byte of a binary16. e4m3fn's 7 magnitude bits shifted left by 7 are a binary16 of
- * value / 2^8 (nm_e4m3fn_to_f32), its NaN code becomes the binary16 quiet NaN 0x7E00, and
- * the sign moves to bit 15. Integer ops only; the caller multiplies by 2^8 in float. */
+/* FP8 bytes (the low 8 of q) as binary16 bits for F16C, 8 lanes of 16 bits: converted,
+ * they are raw() (nm_kernels.h). e5m2 is the high byte of a binary16. e4m3fn's 7 magnitude
+ * bits shifted left by 7 are a binary16 of value / 2^8 (nm_e4m3fn_to_f32), its NaN code
+ * becomes the binary16 quiet NaN 0x7E00, and the sign moves to bit 15; for finite codes
+ * a sign extension, the shift and a mask do it (kernel_common.h). Integer ops only. */
 static inline __m128i fp16_bits_of_e5m2(__m128i q) {
     return _mm_unpacklo_epi8(_mm_setzero_si128(), q);
 }
@@ -27,6 +28,11 @@ static inline __m128i fp16_bits_of_e4m3fn(__m128i q) {
     const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3F80));
     mag = _mm_xor_si128(mag, _mm_and_si128(nan, _mm_set1_epi16(0x3F80 ^ 0x7E00)));
     return _mm_or_si128(mag, _mm_and_si128(_mm_slli_epi16(u, 8), _mm_set1_epi16((short)0x8000)));
+}
+
+static inline __m128i fp16_bits_of_e4m3fn_finite(__m128i q) {
+    return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(q), NM_E4M3FN_FP16_SHIFT),
+                         _mm_set1_epi16((short)NM_E4M3FN_FP16_MASK));
 }
 
 /* For a fused tile (ITEM-byte weights, NR to a sliver): every line that a sliver row's

@@ -15,6 +15,11 @@
 #include "../frame/threads.h"
 #include "../include/narrowmm.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h> /* _mm_getcsr: the denormal-operand flag */
+#define NM_HAVE_MXCSR 1
+#endif
+
 static long passed, failed;
 
 static void expect(int ok, const char *fmt, ...) {
@@ -211,6 +216,81 @@ static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
     free(b), free(c), free(dec), free(h);
     test_sweep8(row, ref);
 }
+
+/* ---- no subnormal on the way ---------------------------------------------------------
+ * Decoding a weight whose value is a normal float32 must not pass through a float32
+ * subnormal: an Intel Xeon takes a microcode assist for each subnormal operand (FP8 weights
+ * of small values ran 10-40x slower when raw() made them), while the AMD cores this code is
+ * written on hardly notice, so a timing would not catch it here. The x86 MXCSR's
+ * denormal-operand flag does, on every CPU: for every format, every code whose value is
+ * finite and not itself a float32 subnormal goes through each path (gemv, gemv2, the tiled
+ * path; row-major and packed; the FP8 exact and finite kernels) on the calling thread, and
+ * the flag must stay clear. The activations are 1 and 0 and the chains start from +0.0,
+ * so nothing else can raise it; the results are checked too. */
+#if defined(NM_HAVE_MXCSR)
+static void test_no_subnormal_operands(const nm_kernel_row *row, const nm_kernel_row *ref) {
+    enum { K = 4 };
+    const int threads = nm_get_num_threads();
+    nm_set_num_threads(1); /* MXCSR is per thread: keep every part on this one */
+    for (int fmt = NM_FMT_FP16; fmt < NM_FMT_COUNT; ++fmt) {
+        const int item = nm_format_table[fmt].itemsize, scaled = nm_format_table[fmt].scaled;
+        const uint32_t codes = item == 2 ? 65536u : 256u;
+        uint8_t *q = xmalloc((size_t)codes * item);
+        float *dec = xmalloc((size_t)codes * 4);
+        int64_t n = 0;
+        for (uint32_t v = 0; v < codes; ++v) { /* the codes worth decoding */
+            float d;
+            if (item == 2) {
+                const uint16_t h = (uint16_t)v;
+                ref->decode[fmt](&h, &d, 1);
+            } else {
+                const uint8_t b8 = (uint8_t)v;
+                ref->decode8[fmt](&b8, &d, 1);
+            }
+            if (!isfinite(d) || (d != 0.0f && fabsf(d) < 0x1p-126f)) continue;
+            memcpy(q + n * item, &v, (size_t)item); /* little-endian */
+            dec[n++] = d;
+        }
+        const int64_t nr = row->nr, ld = (n + nr - 1) / nr * nr;
+        uint8_t *b = xmalloc((size_t)(K * n * item)), *bpk = xmalloc((size_t)(K * ld * item));
+        memset(bpk, 0, (size_t)(K * ld * item));
+        for (int p = 0; p < K; ++p) /* row p: the codes rotated by 7p */
+            for (int64_t j = 0; j < n; ++j) {
+                const uint8_t *src = q + ((j + 7 * p) % n) * item;
+                memcpy(b + (p * n + j) * item, src, (size_t)item);
+                memcpy(bpk + (((j / nr) * K + p) * nr + j % nr) * item, src, (size_t)item);
+            }
+        float *sc = xmalloc((size_t)ld * 4), *c = xmalloc((size_t)(5 * n) * 4);
+        for (int64_t j = 0; j < ld; ++j) sc[j] = ldexpf(1.0f, nm_format_table[fmt].scale_exponent);
+        const float a[5 * K] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
+        static const int64_t ms[] = {1, 2, 5};
+        for (int finite = 0; finite <= scaled; ++finite) {
+            const nm_scales scl = {sc, ld, K, finite};
+            for (int packed = 0; packed < 2; ++packed)
+                for (size_t mi = 0; mi < 3; ++mi) {
+                    const int64_t m = ms[mi];
+                    _mm_setcsr(_mm_getcsr() & ~0x3Fu); /* clear the six exception flags */
+                    const int st =
+                        packed ? nm_matmul_packed(row, fmt, m, n, K, a, K, bpk, c, n, 0, NULL,
+                                                  scaled ? &scl : NULL)
+                               : nm_matmul(row, fmt, m, n, K, a, K, b, n * item, c, n, 0, NULL,
+                                           scaled ? &scl : NULL);
+                    const unsigned denormal = _mm_getcsr() & 0x02u;
+                    long bad = 0;
+                    for (int64_t i = 0; i < m; ++i)
+                        for (int64_t j = 0; j < n; ++j) bad += !same(c[i * n + j], dec[j] + 0.0f);
+                    expect(st == NM_OK && bad == 0 && !denormal,
+                           "%s %s: m=%lld packed=%d finite=%d: %s (%ld of %lld wrong)", row->isa,
+                           nm_format_table[fmt].name, (long long)m, packed, finite,
+                           denormal ? "a subnormal operand on the way" : "results", bad,
+                           (long long)n);
+                }
+        }
+        free(q), free(dec), free(b), free(bpk), free(sc), free(c);
+    }
+    nm_set_num_threads(threads);
+}
+#endif
 
 /* ---- random shapes ------------------------------------------------------------------ */
 
@@ -419,6 +499,9 @@ int main(void) {
         const long before = failed;
         test_codecs(&row, &ref);
         test_sweep(&row, &ref);
+#if defined(NM_HAVE_MXCSR)
+        test_no_subnormal_operands(&row, &ref);
+#endif
         test_shapes(&row, &ref);
         test_model_ops(&row, &ref);
         printf("row %s: %s\n", row.isa, failed == before ? "ok" : "FAILED");

@@ -67,10 +67,10 @@ FORMATS: dict[str, Format] = {
                max_finite=3.3895313892515355e38),
         Format("e4m3fn", 3, 1, np.dtype(np.uint8), 4, 3, ("float8_e4m3fn",),
                "OCP FP8 E4M3, no infinities, with float32 scales", scaled=True,
-               max_finite=448.0, scale_exponent=120),
+               max_finite=448.0, scale_exponent=8),
         Format("e5m2", 4, 1, np.dtype(np.uint8), 5, 2, ("float8_e5m2",),
                "OCP FP8 E5M2, with float32 scales", scaled=True, max_finite=57344.0,
-               scale_exponent=112),
+               scale_exponent=0),
     )
 }
 

@@ -28,31 +28,22 @@ static inline __m256 load8_bf16(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
 }
 
-/* raw() of 8 FP8 weights (nm_kernels.h), exact for every code: through F16C
- * (x86_common.h builds the binary16 bits), then 2^-r times the binary16 scale (exact) */
+/* raw() of 8 FP8 weights (nm_kernels.h), exact for every code: the binary16 bits
+ * (x86_common.h) through F16C. Finite e4m3fn codes need no NaN patch (4 instructions in
+ * all); e5m2 needs none for any code, so its finite slot is the same function. */
 static inline __m256 load8_e4m3fn(const uint8_t *p) {
-    const __m256 v = _mm256_cvtph_ps(fp16_bits_of_e4m3fn(_mm_loadl_epi64((const __m128i *)p)));
-    return _mm256_mul_ps(v, _mm256_set1_ps(0x1p-112f)); /* 2^8 (binary16) * 2^-120 */
+    return _mm256_cvtph_ps(fp16_bits_of_e4m3fn(_mm_loadl_epi64((const __m128i *)p)));
 }
 
 static inline __m256 load8_e5m2(const uint8_t *p) {
-    const __m256 v = _mm256_cvtph_ps(fp16_bits_of_e5m2(_mm_loadl_epi64((const __m128i *)p)));
-    return _mm256_mul_ps(v, _mm256_set1_ps(0x1p-112f));
+    return _mm256_cvtph_ps(fp16_bits_of_e5m2(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* raw() of 8 finite FP8 codes: sign-extend the bytes, shift and mask (kernel_common.h);
- * three instructions, against F16C's 3-4 and a multiply */
 static inline __m256 load8_e4m3fn_finite(const uint8_t *p) {
-    const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(x, NM_E4M3FN_RAW_SHIFT),
-                                                _mm256_set1_epi32((int)NM_E4M3FN_RAW_MASK)));
+    return _mm256_cvtph_ps(fp16_bits_of_e4m3fn_finite(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-static inline __m256 load8_e5m2_finite(const uint8_t *p) {
-    const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(x, NM_E5M2_RAW_SHIFT),
-                                                _mm256_set1_epi32((int)NM_E5M2_RAW_MASK)));
-}
+#define load8_e5m2_finite load8_e5m2
 
 /* the scales of 8 columns (nm_kernels.h): one rounding per weight */
 #define SCALE8(w, sp) _mm256_mul_ps(w, _mm256_loadu_ps(sp))

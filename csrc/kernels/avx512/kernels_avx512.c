@@ -32,8 +32,9 @@ static inline __m512 load16_bf16(const uint8_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); /* exact (NaNs feed an fma) */
 }
 
-/* raw() of 16 FP8 weights through F16C, the avx2 row's bit construction (x86_common.h)
- * widened, exact for every code; then the finite-codes version (kernel_common.h) */
+/* raw() of 16 FP8 weights through F16C, the avx2 row's binary16 bits (x86_common.h)
+ * widened, exact for every code; finite e4m3fn codes skip the NaN patch, and e5m2 needs
+ * none, so its finite slot is the same function */
 static inline __m512 load16_e4m3fn(const uint8_t *p) {
     const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
     __m256i mag = _mm256_and_si256(_mm256_slli_epi16(u, 7), _mm256_set1_epi16(0x3F80));
@@ -41,25 +42,21 @@ static inline __m512 load16_e4m3fn(const uint8_t *p) {
     mag = _mm256_xor_si256(mag, _mm256_and_si256(nan, _mm256_set1_epi16(0x3F80 ^ 0x7E00)));
     const __m256i h = _mm256_or_si256(
         mag, _mm256_and_si256(_mm256_slli_epi16(u, 8), _mm256_set1_epi16((short)0x8000)));
-    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(0x1p-112f));
+    return _mm512_cvtph_ps(h);
 }
 
 static inline __m512 load16_e5m2(const uint8_t *p) {
     const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_slli_epi16(u, 8)), _mm512_set1_ps(0x1p-112f));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(u, 8));
 }
 
 static inline __m512 load16_e4m3fn_finite(const uint8_t *p) {
-    const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(x, NM_E4M3FN_RAW_SHIFT),
-                                                _mm512_set1_epi32((int)NM_E4M3FN_RAW_MASK)));
+    const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(x, NM_E4M3FN_FP16_SHIFT),
+                                            _mm256_set1_epi16((short)NM_E4M3FN_FP16_MASK)));
 }
 
-static inline __m512 load16_e5m2_finite(const uint8_t *p) {
-    const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(x, NM_E5M2_RAW_SHIFT),
-                                                _mm512_set1_epi32((int)NM_E5M2_RAW_MASK)));
-}
+#define load16_e5m2_finite load16_e5m2
 
 #define SCALE16(w, sp) _mm512_mul_ps(w, _mm512_loadu_ps(sp))
 

@@ -28,11 +28,11 @@ static inline float32x4_t load4_bf16(const uint8_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
 }
 
-/* raw() of 4 FP8 weights (nm_kernels.h), 4 bytes read (exactly: B may end there). Every
- * code: as binary16 bits, then FCVTL and 2^-r times the binary16 scale, as the x86 rows do
- * (x86_common.h): e5m2 is a binary16's high byte; e4m3fn's magnitude << 7 is a binary16 of
- * value / 2^8, its NaN code becomes 0x7E00, and the sign moves to bit 15. Finite codes:
- * sign-extend, shift and mask (kernel_common.h). Exact either way. */
+/* raw() of 4 FP8 weights (nm_kernels.h), 4 bytes read (exactly: B may end there): as
+ * binary16 bits, then FCVTL, as the x86 rows do (x86_common.h): e5m2 is a binary16's high
+ * byte; e4m3fn's magnitude << 7 is a binary16 of value / 2^8, its NaN code becomes 0x7E00,
+ * and the sign moves to bit 15. Finite e4m3fn codes: sign-extend, shift and mask
+ * (kernel_common.h); e5m2 needs no patch for any code. Exact either way. */
 static inline uint16x4_t load4_u8_as_u16(const uint8_t *p) {
     uint32_t w;
     memcpy(&w, p, sizeof w);
@@ -40,8 +40,7 @@ static inline uint16x4_t load4_u8_as_u16(const uint8_t *p) {
 }
 
 static inline float32x4_t load4_e5m2(const uint8_t *p) {
-    const float32x4_t v = vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(load4_u8_as_u16(p), 8)));
-    return vmulq_f32(v, vdupq_n_f32(0x1p-112f));
+    return vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(load4_u8_as_u16(p), 8)));
 }
 
 static inline float32x4_t load4_e4m3fn(const uint8_t *p) {
@@ -50,25 +49,22 @@ static inline float32x4_t load4_e4m3fn(const uint8_t *p) {
     const uint16x4_t nan = vceq_u16(mag, vdup_n_u16(0x3F80));
     mag = veor_u16(mag, vand_u16(nan, vdup_n_u16(0x3F80 ^ 0x7E00)));
     const uint16x4_t h = vorr_u16(mag, vand_u16(vshl_n_u16(u, 8), vdup_n_u16(0x8000)));
-    return vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(h)), vdupq_n_f32(0x1p-112f));
+    return vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
-static inline int32x4_t load4_s8_as_s32(const uint8_t *p) {
+static inline int16x4_t load4_s8_as_s16(const uint8_t *p) {
     uint32_t w;
     memcpy(&w, p, sizeof w);
-    return vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(w)))));
+    return vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(w))));
 }
 
 static inline float32x4_t load4_e4m3fn_finite(const uint8_t *p) {
-    const int32x4_t x = vshlq_n_s32(load4_s8_as_s32(p), NM_E4M3FN_RAW_SHIFT);
-    return vreinterpretq_f32_u32(
-        vandq_u32(vreinterpretq_u32_s32(x), vdupq_n_u32(NM_E4M3FN_RAW_MASK)));
+    const uint16x4_t x =
+        vreinterpret_u16_s16(vshl_n_s16(load4_s8_as_s16(p), NM_E4M3FN_FP16_SHIFT));
+    return vcvt_f32_f16(vreinterpret_f16_u16(vand_u16(x, vdup_n_u16(NM_E4M3FN_FP16_MASK))));
 }
 
-static inline float32x4_t load4_e5m2_finite(const uint8_t *p) {
-    const int32x4_t x = vshlq_n_s32(load4_s8_as_s32(p), NM_E5M2_RAW_SHIFT);
-    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_s32(x), vdupq_n_u32(NM_E5M2_RAW_MASK)));
-}
+#define load4_e5m2_finite load4_e5m2
 
 #define SCALE4(w, sp) vmulq_f32(w, vld1q_f32(sp))
 
