@@ -171,3 +171,38 @@ def test_bench_model_llama_quick():
         assert f"\n{system} " in report
     assert "invariant costs" in report and "batch 2 / batch 1" in report
     assert "narrowmm invariant t1 b1: total" in report and "linear layers" in report
+
+
+def test_bench_stays_within_its_memory_budget():
+    """A machine reporting a 1 GiB L3 (cloud CPUs report 256-512 MiB) asked for 3 GiB of
+    copies per rotated set, several sets a case: the run was killed by the OOM killer on a
+    24 GB machine. With a 256 MiB budget the rotation is capped, a buffer read between
+    calls makes up the traffic, the output says so, and the peak stays near the budget."""
+    import os
+
+    code = ("import resource, subprocess, sys, os\n"
+            "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+            "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr)\n"
+            "print('PEAK', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+            "sys.exit(p.returncode)\n")
+    env = {**os.environ, "NARROWMM_BENCH_L3": "1G", "NARROWMM_BENCH_MEMORY": "256M"}
+    out = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "narrowmm.cli",
+                          "bench", "--shape", "2048,2048", "--batch", "1,4", "--quick",
+                          "--no-peers", "--format", "bf16", "--threads", "1"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    peak = int(out.stdout.rsplit("PEAK", 1)[1]) * 1024  # Linux: KiB
+    assert "rotation capped by the memory budget (256 MiB)" in out.stdout, out.stdout
+    assert "256 MiB budget a case" in out.stdout
+    assert peak < (256 + 320) << 20, f"peak {peak >> 20} MiB"
+
+
+def test_bench_refuses_a_bad_memory_size():
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "narrowmm.cli", "bench", "--quick"],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "NARROWMM_BENCH_MEMORY": "lots"})
+    assert out.returncode != 0 and "NARROWMM_BENCH_MEMORY='lots'" in out.stderr
+    out = run_cli("bench", "--quick", "--memory=-1G")
+    assert out.returncode != 0 and "--memory='-1G'" in out.stderr

@@ -74,6 +74,9 @@ class Result:
     # m == 1, narrowmm only: the read probe timed between the same calls (see Case.probe)
     paired_read_gbps: float = 0.0
     pct_of_paired_read: float = 0.0
+    # cold cache: the traffic between two uses of a weight copy over the 3 x L3 wanted
+    # (1.0 unless the memory budget capped the rotation: ColdPlan)
+    cold_fraction: float = 0.0
 
 
 @dataclass
@@ -97,12 +100,37 @@ class Config:
     peers: bool = True
     layouts: list[str] = field(default_factory=lambda: ["rows", "packed"])
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    memory_budget: int = 0  # bytes for one case's copies (memory_budget())
+    cold_notes: list[str] = field(default_factory=list)  # cases whose rotation was capped
 
 
 # ---- the machine ----------------------------------------------------------------------
 
+L3_ENV = "NARROWMM_BENCH_L3"
+MEMORY_ENV = "NARROWMM_BENCH_MEMORY"
+MEMORY_SHARE = 0.3  # of MemAvailable at the start: the default budget for weight copies
+
+
+def parse_size(text: str, what: str) -> int:
+    """Bytes from ``"800M"``, ``"2G"``, ``"65536"`` or ``"512K"``; ValueError naming ``what``."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    digits = t[:-1] if scale > 1 else t
+    try:
+        value = float(digits)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{what}={text!r}: expected a positive size such as 800M or 2G")
+    return int(value * scale)
+
+
 def l3_bytes() -> int:
-    """Size of the largest CPU cache (from sysfs), 32 MiB if unknown."""
+    """Size of the largest CPU cache (from sysfs), 32 MiB if unknown; NARROWMM_BENCH_L3
+    (e.g. ``260M``) overrides it, for machines whose cache figures are wrong."""
+    forced = os.environ.get(L3_ENV)
+    if forced:
+        return parse_size(forced, L3_ENV)
     best = 0
     base = "/sys/devices/system/cpu/cpu0/cache"
     with contextlib.suppress(OSError):
@@ -117,6 +145,47 @@ def l3_bytes() -> int:
     return best or 32 << 20
 
 
+def mem_available() -> int:
+    """MemAvailable from /proc/meminfo (bytes); the physical memory where it is missing."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory_budget() -> int:
+    """Bytes the bench may spend on one case's weight copies, read probes and eviction
+    buffer: NARROWMM_BENCH_MEMORY (e.g. ``2G``), else 30 % of MemAvailable at the start."""
+    forced = os.environ.get(MEMORY_ENV)
+    if forced:
+        return parse_size(forced, MEMORY_ENV)
+    return int(MEMORY_SHARE * mem_available())
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set so far (Linux reports KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def release_memory() -> None:
+    """Hand freed heap memory back to the OS: glibc keeps freed arrays under its mmap
+    threshold (up to 32 MiB) in the heap, so without this the resident set grew from one
+    shape to the next of a run."""
+    import gc
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _aligned_floats(n: int) -> np.ndarray:
     raw = np.empty(n + 16, np.float32)
     off = (-raw.ctypes.data % 64) // 4
@@ -126,7 +195,7 @@ def _aligned_floats(n: int) -> np.ndarray:
 def measure_limits(threads: int, isa: str, quick: bool) -> Limits:
     """Best-of-N read bandwidth over a buffer 4x the last-level cache, and FMA peak."""
     c = core()
-    n = max(4 * l3_bytes(), 64 << 20) // 4
+    n = max(min(4 * l3_bytes(), memory_budget()), 64 << 20) // 4
     n -= n % (64 * threads)
     buf = _aligned_floats(n)
     buf.fill(1.0)  # touch every page before timing
@@ -232,10 +301,64 @@ def time_interleaved(calls: list[Callable[[int], object]], min_calls: int, budge
 def _copies(weight_bytes: int, cache: str) -> int:
     """Weight copies to rotate through: enough that a copy is out of the last-level cache
     (three cache sizes of other weights) by the time it is used again; at most 1024, so a
-    tiny matrix is only out of the inner caches."""
+    tiny matrix is only out of the inner caches. ColdPlan caps it to the memory budget."""
     if cache == "warm":
         return 1
     return min(1024, max(2, math.ceil(3 * l3_bytes() / max(weight_bytes, 1)) + 1))
+
+
+class ColdPlan:
+    """How one case makes the cache cold within the memory budget.
+
+    Every set of arrays a case rotates through (a system's weight copies, each ISA row's
+    packed copies, a read probe's buffers) gets an equal share of the budget. A set that
+    fits keeps the full rotation of :func:`_copies`; one that does not keeps as many copies
+    as its share holds (at least 2), and an eviction buffer, read between calls (untimed),
+    makes up the traffic its rotation lacks, as far as the rest of the budget allows.
+    ``cold_fraction`` is the traffic between two uses of a copy over the 3 x L3 wanted."""
+
+    def __init__(self, set_bytes: list[int], cache: str, budget: int) -> None:
+        self.cache = cache
+        self.budget = budget
+        self.share = budget // max(1, len(set_bytes))
+        self.capped = False
+        worst = 1.0
+        spent = 0
+        target = 3 * l3_bytes()
+        for nbytes in set_bytes:
+            c = self.copies(nbytes)
+            spent += c * nbytes
+            if cache == "cold" and c < _copies(nbytes, cache):
+                worst = min(worst, (c - 1) * nbytes / target)
+        shortfall = 0 if worst >= 1.0 else int((1.0 - worst) * target)
+        self.evict_bytes = max(0, min(shortfall, budget - spent)) // 256 * 256
+        self.cold_fraction = min(1.0, worst + self.evict_bytes / target)
+        self._evict_buf: np.ndarray | None = None
+
+    def copies(self, nbytes: int) -> int:
+        """Copies of a set of ``nbytes`` arrays to make: the full rotation if it fits."""
+        want = _copies(nbytes, self.cache)
+        if want * nbytes <= self.share:
+            return want
+        self.capped = True
+        return max(2, self.share // max(1, nbytes))
+
+    def evictor(self) -> Callable[[], None] | None:
+        """A call that reads the eviction buffer once (None without one)."""
+        if self.evict_bytes == 0:
+            return None
+        if self._evict_buf is None:
+            self._evict_buf = _aligned_floats(self.evict_bytes // 4)
+            self._evict_buf.fill(1.0)
+        buf, c = self._evict_buf, core()
+        return lambda: c.probe_read(1, buf)
+
+    def describe(self) -> str:
+        if not self.capped:
+            return "full rotation"
+        return (f"rotation capped by the memory budget ({self.budget >> 20} MiB), "
+                f"{self.evict_bytes >> 20} MiB read between calls: "
+                f"{100 * self.cold_fraction:.0f} % of the 3 x L3 traffic wanted")
 
 
 def _check_close(name: str, y: np.ndarray, exact: np.ndarray, tol: float) -> None:
@@ -313,8 +436,31 @@ def _for_row(packed: dict[str, list[PackedWeights]], i: int) -> PackedWeights:
     return copies[i % len(copies)]
 
 
+def _set_sizes(m: int, exact: dict[str, Weights], cfg: Config, torch: Any,
+               ml_dtypes: Any) -> list[int]:
+    """The bytes of one copy of every set of arrays _systems rotates through."""
+    sizes: list[int] = []
+    for fmt in cfg.formats:
+        sizes.append(exact[fmt].nbytes)  # the row-major copies (packed ones start from them)
+        if "packed" in cfg.layouts:
+            sizes += [exact[fmt].nbytes] * len(cfg.isas)
+    if m == 1:  # read probes, one set per distinct size
+        sizes += sorted({exact[fmt].nbytes for fmt in cfg.formats})
+    if cfg.peers:
+        k, n = exact[cfg.formats[0]].shape
+        sizes.append(4 * k * n)  # numpy-f32
+        for fmt in cfg.formats:
+            if fmt in ("fp16", "bf16"):
+                sizes.append(exact[fmt].nbytes)  # numpy-upcast (ml_dtypes bf16 shares it)
+            if fmt in FP8_FORMATS and ml_dtypes is not None:
+                sizes.append(exact[fmt].nbytes)
+        if torch is not None:
+            sizes += [4 * k * n, 2 * k * n, 2 * k * n]
+    return sizes
+
+
 def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, Weights],
-             cache: str, cfg: Config, torch: Any, ml_dtypes: Any) -> list[Case]:
+             plan: ColdPlan, cfg: Config, torch: Any, ml_dtypes: Any) -> list[Case]:
     """The cases for one shape and batch; weight copies are built here, freed after."""
     cases: list[Case] = []
     out = np.empty((m, n), np.float32)
@@ -323,7 +469,7 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
     for fmt in cfg.formats:
         w = exact[fmt]
         copies = [w] + [Weights.from_bits(w.bits.copy(), fmt, w.scales)
-                        for _ in range(_copies(w.nbytes, cache) - 1)]
+                        for _ in range(plan.copies(w.nbytes) - 1)]
         probe, probe_bytes = None, 0
         if m == 1:  # fp16 and bf16 share one set of buffers
             if w.nbytes not in probes:
@@ -346,12 +492,12 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
     base_fmt = cfg.formats[0]
     w32 = exact[base_fmt].decode()
     blas = next((b.get("architecture") for b in blas_info()), None)
-    copies32 = [w32] + [w32.copy() for _ in range(_copies(w32.nbytes, cache) - 1)]
+    copies32 = [w32] + [w32.copy() for _ in range(plan.copies(w32.nbytes) - 1)]
     cases.append(Case("numpy-f32", "f32", w32.nbytes,
                       lambda i, c=copies32: np.matmul(x, c[i % len(c)]), 1e-4, blas, base_fmt))
     for fmt in (f for f in cfg.formats if f in ("fp16", "bf16")):
         bits = [exact[fmt].bits] + [exact[fmt].bits.copy()
-                                    for _ in range(_copies(exact[fmt].nbytes, cache) - 1)]
+                                    for _ in range(plan.copies(exact[fmt].nbytes) - 1)]
         if fmt == "fp16":
             def up(i, c=bits):
                 return np.matmul(x, c[i % len(c)].view(np.float16).astype(np.float32))
@@ -368,7 +514,7 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
     for fmt in (f for f in cfg.formats if f in FP8_FORMATS and ml_dtypes is not None):
         # the NumPy way to FP8 weights: ml_dtypes' upcast, the scales, float32 matmul
         w8 = exact[fmt]
-        bits = [w8.bits] + [w8.bits.copy() for _ in range(_copies(w8.nbytes, cache) - 1)]
+        bits = [w8.bits] + [w8.bits.copy() for _ in range(plan.copies(w8.nbytes) - 1)]
         dtype = getattr(ml_dtypes, "float8_" + fmt)
         grid, _ = w8.scales.expanded(w8.shape, n)  # one row: per-column scales
 
@@ -386,7 +532,7 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
             src = exact[ref_fmt].decode()
             wt = torch.from_numpy(np.ascontiguousarray(src.T)).to(dtype)  # (n, k) as Linear
             copies_t = [wt] + [wt.clone() for _ in range(
-                _copies(wt.numel() * wt.element_size(), cache) - 1)]
+                plan.copies(wt.numel() * wt.element_size()) - 1)]
             xt = torch.from_numpy(x).to(dtype)
 
             def tcall(i, c=copies_t, xt=xt):
@@ -400,11 +546,61 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
 
 # ---- running --------------------------------------------------------------------------
 
+def _between(case: Case, evict: Callable[[], None] | None) -> Callable[[int], float] | None:
+    """What runs after each timed call of a case: the eviction read, then the paired read
+    probe, whose seconds are returned (0.0 without a probe: the times are then dropped)."""
+    probe = case.probe
+    if evict is None:
+        return None if probe is None else (lambda i: probe(i + 1))
+
+    def between(i: int) -> float:
+        evict()
+        return 0.0 if probe is None else probe(i + 1)
+
+    return between
+
+
 def _optional(name: str) -> Any:
     try:
         return __import__(name)
     except ImportError:
         return None
+
+
+def _time_case(cfg: Config, progress: Any, limits: list[Limits], name: str, k: int, n: int,
+               m: int, x: np.ndarray, exact: dict[str, Weights],
+               reference: dict[str, np.ndarray], cache: str, torch: Any,
+               ml_dtypes: Any) -> list[Result]:
+    """Build one (shape, m, cache) case's systems within the memory budget, time them on
+    every ISA row and thread count, and return the results."""
+    results: list[Result] = []
+    plan = ColdPlan(_set_sizes(m, exact, cfg, torch, ml_dtypes), cache, cfg.memory_budget)
+    cases = _systems(name, k, n, m, x, exact, plan, cfg, torch, ml_dtypes)
+    evict = plan.evictor()
+    if plan.capped:
+        cfg.cold_notes.append(f"{name} m={m}: {plan.describe()}")
+    for isa in cfg.isas:
+        for t in cfg.threads:
+            lim = next(li for li in limits if (li.isa, li.threads) == (isa, t))
+            with use_isa(isa), all_threads(t, torch):
+                # peers do not depend on narrowmm's row
+                mine = [c for c in cases if c.system in NARROWMM_SYSTEMS or isa == cfg.isas[0]]
+                progress.note(f"{name} m={m} {cache} {isa} t={t}: checking")
+                timed = [c for c in mine
+                         if _check_case(c, name, m, t, cache, isa, cfg, reference)]
+                progress.note(f"{name} m={m} {cache} {isa} t={t}: timing "
+                              f"{len(timed)} systems in turns")
+                samples = time_interleaved(
+                    [lambda i, c=c: c.call(i + 1) for c in timed], cfg.min_calls,
+                    cfg.budget_s, [_between(c, evict) for c in timed])
+                for c, (times, probe_ms) in zip(timed, samples, strict=True):
+                    r = _result(c, name, k, n, m, t, isa, cache, lim, times,
+                                probe_ms if c.probe is not None else [])
+                    r.cold_fraction = plan.cold_fraction if cache == "cold" else 0.0
+                    results.append(r)
+                for c in mine:
+                    progress.step(f"{name} m={m} {c.system} {c.format} {cache} {isa} t={t}")
+    return results
 
 
 def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
@@ -430,31 +626,12 @@ def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
             for fmt, w in exact.items():
                 _verify_narrowmm(x, w, reference[fmt])
             for cache in cfg.caches:
-                cases = _systems(name, k, n, m, x, exact, cache, cfg, torch, ml_dtypes)
-                for isa in cfg.isas:
-                    for t in cfg.threads:
-                        lim = next(li for li in limits if (li.isa, li.threads) == (isa, t))
-                        with use_isa(isa), all_threads(t, torch):
-                            # peers do not depend on narrowmm's row
-                            mine = [c for c in cases
-                                    if c.system in NARROWMM_SYSTEMS or isa == cfg.isas[0]]
-                            progress.note(f"{name} m={m} {cache} {isa} t={t}: checking")
-                            timed = [c for c in mine
-                                     if _check_case(c, name, m, t, cache, isa, cfg, reference)]
-                            progress.note(f"{name} m={m} {cache} {isa} t={t}: timing "
-                                          f"{len(timed)} systems in turns")
-                            samples = time_interleaved(
-                                [lambda i, c=c: c.call(i + 1) for c in timed], cfg.min_calls,
-                                cfg.budget_s,
-                                [None if c.probe is None else (lambda i, p=c.probe: p(i + 1))
-                                 for c in timed])
-                            for c, (times, probe_ms) in zip(timed, samples, strict=True):
-                                results.append(_result(c, name, k, n, m, t, isa, cache, lim,
-                                                       times, probe_ms))
-                            for c in mine:
-                                progress.step(f"{name} m={m} {c.system} {c.format} {cache} "
-                                              f"{isa} t={t}")
-                del cases
+                # one case at a time: its copies are built inside _time_case and freed
+                # with its frame, before the next case builds its own
+                results += _time_case(cfg, progress, limits, name, k, n, m, x, exact,
+                                      reference, cache, torch, ml_dtypes)
+                release_memory()
+            del reference
     # Limits again at the end: on a shared machine a probe can lose its core for a moment;
     # the best of both is the machine's limit.
     for li, again in zip(limits, _all_limits(cfg, progress), strict=True):
@@ -827,8 +1004,15 @@ def build_config(args: Any) -> Config:
     threads = args.threads or [get_num_threads()]
     caches = args.cache or ["cold"]
     min_calls, budget = (3, 0.15) if args.quick else (5, 0.5)
+    try:
+        memory = (parse_size(args.memory, "--memory") if getattr(args, "memory", None)
+                  else memory_budget())
+        l3_bytes()  # a bad NARROWMM_BENCH_L3 fails here, before any timing
+    except ValueError as exc:
+        raise SystemExit(f"narrowmm bench: {exc}") from None
     return Config(shapes, batches, formats, threads, caches, isas, min_calls, budget,
-                  peers=not args.no_peers, layouts=args.layout or ["rows", "packed"])
+                  peers=not args.no_peers, layouts=args.layout or ["rows", "packed"],
+                  memory_budget=memory)
 
 
 def _installed(name: str) -> bool:
@@ -887,7 +1071,10 @@ def main(args: Any) -> int:
     for s in cfg.skipped:
         where = " ".join(f"{k}={v}" for k, v in s.items() if k not in ("system", "reason"))
         print(f"skipped: {s['system']} {where}: {s['reason']}")
-    print(f"({len(results)} measurements in {elapsed:.0f} s)")
+    print(f"({len(results)} measurements in {elapsed:.0f} s; peak memory "
+          f"{peak_rss_bytes() >> 20} MiB, {cfg.memory_budget >> 20} MiB budget a case)")
+    for note in cfg.cold_notes:
+        print(f"cold cache: {note}")
     print()
     print(format_summary(results))
     if args.json:
@@ -900,7 +1087,9 @@ def main(args: Any) -> int:
                "config": {"shapes": [list(s) for s in cfg.shapes], "batches": cfg.batches,
                           "formats": cfg.formats, "threads": cfg.threads,
                           "caches": cfg.caches, "isas": cfg.isas, "layouts": cfg.layouts,
-                          "min_calls": cfg.min_calls, "budget_s": cfg.budget_s},
+                          "min_calls": cfg.min_calls, "budget_s": cfg.budget_s,
+                          "memory_budget": cfg.memory_budget},
+               "peak_rss_bytes": peak_rss_bytes(), "cold_notes": cfg.cold_notes,
                "limits": [asdict(li) for li in limits],
                "results": [asdict(r) for r in results],
                "skipped": cfg.skipped, "elapsed_s": elapsed}

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: the row in use)")
     bench.add_argument("--no-peers", action="store_true",
                        help="time narrowmm only (no NumPy, ml_dtypes or PyTorch)")
+    bench.add_argument("--memory", metavar="SIZE",
+                       help="memory for one case's cold-cache weight copies, e.g. 2G "
+                            "(default: $NARROWMM_BENCH_MEMORY, else 30%% of MemAvailable); "
+                            "past it, fewer copies and a buffer read between calls")
     bench.add_argument("--json", metavar="PATH", help="write every figure as JSON "
                        "(schema in docs/bench.md)")
     bench.add_argument("--plot", metavar="PATH.png", help="draw the results (needs "
