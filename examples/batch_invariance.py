@@ -5,7 +5,8 @@ threads, under plain PyTorch and under narrowmm.
     python examples/batch_invariance.py              # a small random Llama, about a minute
     python examples/batch_invariance.py --size 1b    # Llama-3.2-1B shapes, random weights
 
-Needs torch and transformers (pip install "narrowmm[torch]"). Nothing is downloaded: the
+Needs torch and transformers: the models extra (pip install ".[models]" in the narrowmm
+source tree, after PyTorch's CPU build; README, "Install"). Nothing is downloaded: the
 model is built from a LlamaConfig with random weights.
 """
 

