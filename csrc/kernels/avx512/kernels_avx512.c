@@ -4,10 +4,10 @@
  * Same contract and the same shape of code as the avx2 row, on 16-lane registers: vector
  * lanes are distinct output columns, one fma per p in ascending p, so no bit changes.
  *
- * The machine this row was written on has no AVX-512: it is verified bit for bit in an
- * instruction-set emulator (tests/test_avx512_emulated.py, Bochs through bochscpu), and its
- * blocking (8 x 32 tile, kc = 128) is chosen from the cache sizes of AVX-512 cores, not
- * measured. */
+ * It was written on a machine without AVX-512 and is verified bit for bit in an
+ * instruction-set emulator (tests/test_avx512_emulated.py, Bochs through bochscpu); its
+ * blocking (8 x 32 tile, kc = 128) is chosen from the cache sizes of AVX-512 cores. First
+ * timed on an AMD EPYC Zen 4 (docs/results/bench-avx512-zen4-2026-12-01.txt), not tuned. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
