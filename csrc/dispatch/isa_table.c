@@ -1,6 +1,6 @@
-/* narrowmm: the ISA rows compiled into this build, best first. The binding picks the first
- * row whose required features the CPU has; NARROWMM_ISA (applied by the Python layer) can
- * name another. */
+/* narrowmm: the ISA rows compiled into this build, best first, and the one rule that
+ * chooses among them (nm_isa_select), used by the binding and the C test driver alike.
+ * NARROWMM_ISA (applied by the Python layer) can name another row. */
 #include "../include/narrowmm.h"
 
 const nm_isa_entry nm_isa_table[] = {
@@ -19,3 +19,22 @@ const nm_isa_entry nm_isa_table[] = {
     {"scalar", 0u, nm_fill_row_scalar},
 };
 const int nm_isa_count = (int)(sizeof nm_isa_table / sizeof nm_isa_table[0]);
+
+#include <string.h>
+
+int nm_isa_runs_on(int index, unsigned features) {
+    return index >= 0 && index < nm_isa_count &&
+           (nm_isa_table[index].required & ~features) == 0;
+}
+
+int nm_isa_select(const char *name, unsigned features) {
+    if (!name) { /* the best row this CPU runs: the table is best first */
+        for (int i = 0; i < nm_isa_count; ++i)
+            if (nm_isa_runs_on(i, features)) return i;
+        return NM_ISA_NONE;
+    }
+    for (int i = 0; i < nm_isa_count; ++i)
+        if (strcmp(nm_isa_table[i].name, name) == 0)
+            return nm_isa_runs_on(i, features) ? i : NM_ISA_UNSUPPORTED;
+    return NM_ISA_UNKNOWN;
+}

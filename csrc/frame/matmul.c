@@ -48,7 +48,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
 typedef struct matmul_job {
-    const nm_kernel_row *row;
+    const nm_isa_kernels *isa; /* the ISA row's kernel table */
     int fmt;
     int slot; /* the row's matmul slot: fmt, or its finite-weights variant */
     int64_t m, n, k;
@@ -74,9 +74,9 @@ static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, in
         *ldb = job->ldb;
         return job->b + p * job->ldb + j * itemsize;
     }
-    const int64_t nr = job->row->nr;
+    const int64_t nr = job->isa->nr;
     *ldb = nr * itemsize;
-    return job->b + ((j / nr) * job->k + p) * nr * itemsize;
+    return job->b + nm_packed_offset(job->k, nr, itemsize, p, j);
 }
 
 /* The scales of columns j.. for rows in the block of row p, or NULL without scales. */
@@ -140,8 +140,8 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
 static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t jr, int64_t w,
                          const float *a_block, int64_t mc, float *c_block, float *sliver,
                          const float *c_after) {
-    const nm_kernel_row *row = job->row;
-    const int64_t mr = row->mr, nr = row->nr, ldc = job->ldc;
+    const nm_isa_kernels *isa = job->isa;
+    const int64_t mr = isa->mr, nr = isa->nr, ldc = job->ldc;
     int64_t ldb;
     const uint8_t *b_sliver = weights_at(job, pc, jr, &ldb);
     const float *s = scales_at(job, pc, jr);
@@ -151,12 +151,12 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
         const float *ap = a_block + ic * kc;
         const int64_t rows = min64(mr, mc - ic);
         if (ic == 0 && w == nr) {
-            row->ukernel_pack[job->slot](kc, rows, ap, b_sliver, ldb, sliver, c_tile, ldc,
+            isa->ukernel_pack[job->slot](kc, rows, ap, b_sliver, ldb, sliver, c_tile, ldc,
                                         c_next, s);
             continue;
         }
-        if (ic == 0) row->pack[job->slot](kc, w, b_sliver, ldb, (int)nr, sliver, s);
-        row->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
+        if (ic == 0) isa->pack[job->slot](kc, w, b_sliver, ldb, (int)nr, sliver, s);
+        isa->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
     }
 }
 
@@ -175,8 +175,8 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * k blocks. A is packed once for all of k and read from L2. */
 static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                         int64_t j_begin, int64_t j_end) {
-    const nm_kernel_row *row = job->row;
-    const int64_t mr = row->mr, nr = row->nr, kc_max = row->kc, k = job->k;
+    const nm_isa_kernels *isa = job->isa;
+    const int64_t mr = isa->mr, nr = isa->nr, kc_max = isa->kc, k = job->k;
     const int64_t mc_max = min64(i_end - i_begin, NM_A_BLOCK_ROWS / mr * mr);
     const int64_t mc_pad = (mc_max + mr - 1) / mr * mr;
     const int64_t a_all_floats = mc_pad * ((k + kc_max - 1) / kc_max * kc_max);
@@ -253,7 +253,7 @@ static void matmul_part(void *ctx, int part, int parts) {
     matmul_job *job = ctx;
     int64_t i0, i1, j0, j1;
     column_range(job->n, part % job->col_parts, job->col_parts, &j0, &j1);
-    row_range(job->m, job->row->mr, part / job->col_parts, job->row_parts, &i0, &i1);
+    row_range(job->m, job->isa->mr, part / job->col_parts, job->row_parts, &i0, &i1);
     if (j0 >= j1 || i0 >= i1) return;
     if (job->bias)
         bias_block(i1 - i0, j1 - j0, job->bias + j0, job->c + i0 * job->ldc + j0, job->ldc);
@@ -264,7 +264,7 @@ static void matmul_part(void *ctx, int part, int parts) {
     if (job->m == 1 || rows == 2) {
         /* one or two rows: nothing to amortise, so stream B once, straight, for them all; a
          * tile would leave half its rows empty and read B as one stream of short runs */
-        const nm_kernel_row *row = job->row;
+        const nm_isa_kernels *isa = job->isa;
         const int slot = job->slot;
         const float *a = job->a + i0 * job->lda;
         float *c = job->c + i0 * job->ldc + j0;
@@ -274,14 +274,14 @@ static void matmul_part(void *ctx, int part, int parts) {
             const uint8_t *b = weights_at(job, p0, j0, &ldb);
             const float *s = scales_at(job, p0, j0);
             if (rows == 1 && job->packed)
-                row->gemv_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, b, c, s);
+                isa->gemv_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, b, c, s);
             else if (rows == 1)
-                row->gemv[slot](p1 - p0, j1 - j0, a + p0, b, ldb, c, s);
+                isa->gemv[slot](p1 - p0, j1 - j0, a + p0, b, ldb, c, s);
             else if (job->packed)
-                row->gemv2_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, job->lda, b, c,
+                isa->gemv2_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, job->lda, b, c,
                                        job->ldc, s);
             else
-                row->gemv2[slot](p1 - p0, j1 - j0, a + p0, job->lda, b, ldb, c, job->ldc, s);
+                isa->gemv2[slot](p1 - p0, j1 - j0, a + p0, job->lda, b, ldb, c, job->ldc, s);
         }
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
@@ -314,7 +314,7 @@ static int worth_waking(int64_t m, int64_t n, int64_t k) {
                                   : (double)m * (double)n * (double)k);
 }
 
-static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+static int matmul_run(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, int64_t k,
                       const float *a, int64_t lda, const uint8_t *b, int64_t ldb, int packed,
                       float *c, int64_t ldc, int accumulate, const float *bias,
                       const nm_scales *scales) {
@@ -327,7 +327,7 @@ static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, i
     int slot = fmt;
     if (scales && scales->finite)
         slot = fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
-    matmul_job job = {.row = row, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a, .lda = lda,
+    matmul_job job = {.isa = isa, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a, .lda = lda,
                       .b = b, .ldb = ldb, .c = c, .ldc = ldc, .accumulate = accumulate,
                       .bias = bias, .packed = packed, .scales = scales, .col_parts = 1, .row_parts = 1};
     if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK &&
@@ -339,7 +339,7 @@ static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, i
         const int threads = nm_get_num_threads();
         const int64_t grains = (n + NM_COLUMN_GRAIN - 1) / NM_COLUMN_GRAIN;
         job.col_parts = (int)min64(threads, grains);
-        const int64_t tiles = m / row->mr;
+        const int64_t tiles = m / isa->mr;
         if (job.col_parts < threads && tiles >= 2)
             job.row_parts = (int)min64(threads / job.col_parts, tiles);
     }
@@ -347,14 +347,14 @@ static int matmul_run(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, i
     return atomic_load(&job.failed) ? NM_ENOMEM : NM_OK;
 }
 
-int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+int nm_matmul(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, int64_t k,
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
               int64_t ldc, int accumulate, const float *bias, const nm_scales *scales) {
-    return matmul_run(row, fmt, m, n, k, a, lda, b, ldb, 0, c, ldc, accumulate, bias, scales);
+    return matmul_run(isa, fmt, m, n, k, a, lda, b, ldb, 0, c, ldc, accumulate, bias, scales);
 }
 
-int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+int nm_matmul_packed(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                      int accumulate, const float *bias, const nm_scales *scales) {
-    return matmul_run(row, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate, bias, scales);
+    return matmul_run(isa, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate, bias, scales);
 }

@@ -14,7 +14,7 @@ static double now_seconds(void) {
 }
 
 typedef struct probe_job {
-    const nm_kernel_row *row;
+    const nm_isa_kernels *row;
     int64_t iters;
     const float *buf;
     int64_t n;
@@ -35,7 +35,7 @@ static void read_part(void *ctx, int part, int parts) {
     job->sink = job->row->probe_read(job->buf + begin, end - begin);
 }
 
-double nm_probe_fma(const nm_kernel_row *row, int threads, int64_t iters, double *flops) {
+double nm_probe_fma(const nm_isa_kernels *row, int threads, int64_t iters, double *flops) {
     probe_job job = {row, iters, NULL, 0, 0.0f};
     const double t0 = now_seconds();
     nm_parallel_run(fma_part, &job, threads);
@@ -44,7 +44,7 @@ double nm_probe_fma(const nm_kernel_row *row, int threads, int64_t iters, double
     return dt;
 }
 
-double nm_probe_read(const nm_kernel_row *row, int threads, const float *buf, int64_t n) {
+double nm_probe_read(const nm_isa_kernels *row, int threads, const float *buf, int64_t n) {
     probe_job job = {row, 0, buf, n, 0.0f};
     const double t0 = now_seconds();
     nm_parallel_run(read_part, &job, threads);

@@ -30,7 +30,7 @@ typedef struct nm_scales {
  * C element (i,j) = c[i*ldc + j]. Each chain starts from C's value with accumulate, from
  * bias[j] when `bias` (n floats) is not NULL, else from +0.0; bias with accumulate is
  * NM_EINVAL. Only the m x n block of C is written. A, B, C and the bias must not overlap. */
-int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+int nm_matmul(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t k,
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
               int64_t ldc, int accumulate, const float *bias, const nm_scales *scales);
 
@@ -39,7 +39,7 @@ int nm_matmul(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k
  * contiguous weights (row p at byte (s*k + p) * NR * itemsize from b), the columns past n
  * zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
  * changes. */
-int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, int64_t k,
+int nm_matmul_packed(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                      int accumulate, const float *bias, const nm_scales *scales);
 
@@ -49,7 +49,7 @@ int nm_matmul_packed(const nm_kernel_row *row, int fmt, int64_t m, int64_t n, in
  * contiguous; heads a multiple of kv_heads, query head h reading kv head h / (heads /
  * kv_heads)); allowed [batch][mask_heads][lq][lk] bytes, nonzero where query i may see key j
  * (mask_heads 1 or heads), or NULL for all keys; out [batch][lq][heads][d]. */
-int nm_attention(const nm_kernel_row *row, int64_t batch, int64_t heads, int64_t kv_heads,
+int nm_attention(const nm_isa_kernels *row, int64_t batch, int64_t heads, int64_t kv_heads,
                  int64_t lq, int64_t lk, int64_t d, const float *q, const float *k,
                  const float *v, const uint8_t *allowed, int64_t mask_heads, float scale,
                  float *out);
@@ -71,8 +71,8 @@ int64_t nm_get_wake_min_work(void);
 /* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
  * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
  * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */
-double nm_probe_fma(const nm_kernel_row *row, int threads, int64_t iters, double *flops);
-double nm_probe_read(const nm_kernel_row *row, int threads, const float *buf, int64_t n);
+double nm_probe_fma(const nm_isa_kernels *row, int threads, int64_t iters, double *flops);
+double nm_probe_read(const nm_isa_kernels *row, int threads, const float *buf, int64_t n);
 
 /* CPU features the dispatcher looks at (bit set = usable: the CPU has it and the OS saves
  * the registers it needs). */
@@ -104,10 +104,27 @@ unsigned nm_cpu_features(void);
 typedef struct nm_isa_entry {
     const char *name;
     unsigned required;                    /* features the row needs */
-    void (*fill)(nm_kernel_row *row);
+    void (*fill)(nm_isa_kernels *row);
 } nm_isa_entry;
 
 extern const nm_isa_entry nm_isa_table[];
 extern const int nm_isa_count;
+
+/* Whether row `index` of nm_isa_table runs on a CPU with `features`. */
+int nm_isa_runs_on(int index, unsigned features);
+
+/* The row to use: the named one (name != NULL) or else the best this CPU runs, as an index
+ * of nm_isa_table; NM_ISA_UNKNOWN for a name the build lacks, NM_ISA_UNSUPPORTED for a row
+ * the CPU cannot run, NM_ISA_NONE when no row runs (never: scalar needs nothing). */
+enum { NM_ISA_UNKNOWN = -1, NM_ISA_UNSUPPORTED = -2, NM_ISA_NONE = -3 };
+int nm_isa_select(const char *name, unsigned features);
+
+/* The packed layout's address arithmetic, the one place C computes it (Python's is
+ * narrowmm/_weights.py's pack_slivers): the byte offset of weight (p, j) in weights packed
+ * as slivers of nr columns, k rows each (nm_matmul_packed). */
+static inline int64_t nm_packed_offset(int64_t k, int64_t nr, int64_t itemsize, int64_t p,
+                                       int64_t j) {
+    return (((j / nr) * k + p) * nr + j % nr) * itemsize;
+}
 
 #endif

@@ -122,7 +122,7 @@ typedef void (*nm_encode8_fn)(const float *src, uint8_t *dst, int64_t n, int sat
 typedef float (*nm_probe_fma_fn)(int64_t iters);
 typedef float (*nm_probe_read_fn)(const float *buf, int64_t n);
 
-typedef struct nm_kernel_row {
+typedef struct nm_isa_kernels {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
     int64_t kc;           /* k block the frame uses with this row (a sliver is kc x nr) */
@@ -153,7 +153,7 @@ typedef struct nm_kernel_row {
     nm_probe_fma_fn probe_fma;
     int64_t probe_fma_flops;
     nm_probe_read_fn probe_read;
-} nm_kernel_row;
+} nm_isa_kernels;
 
 /* Set a slot of a row and the C name it is reported by: NM_SET_SLOT(row, gemv, fmt, fn). */
 #define NM_SET_SLOT(row, slot, fmt, fn) ((row)->slot[fmt] = (fn), (row)->slot##_name[fmt] = #fn)
@@ -188,15 +188,15 @@ typedef struct nm_kernel_row {
 
 /* Each ISA folder provides one function filling a row; a SIMD row starts as a copy of the
  * scalar row and overrides the slots it implements, so no slot is ever empty. */
-void nm_fill_row_scalar(nm_kernel_row *row);
+void nm_fill_row_scalar(nm_isa_kernels *row);
 #if defined(NM_HAVE_AVX2)
-void nm_fill_row_avx2(nm_kernel_row *row);
+void nm_fill_row_avx2(nm_isa_kernels *row);
 #endif
 #if defined(NM_HAVE_AVX512)
-void nm_fill_row_avx512(nm_kernel_row *row);
+void nm_fill_row_avx512(nm_isa_kernels *row);
 #endif
 #if defined(NM_HAVE_NEON)
-void nm_fill_row_neon(nm_kernel_row *row);
+void nm_fill_row_neon(nm_isa_kernels *row);
 #endif
 
 #endif

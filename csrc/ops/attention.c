@@ -26,7 +26,7 @@
 #include "exact_math.h"
 
 typedef struct attention_job {
-    const nm_kernel_row *row;
+    const nm_isa_kernels *row;
     int64_t batch, heads, kv_heads, lq, lk, d, mask_heads;
     const float *q, *k, *v;
     const uint8_t *allowed;
@@ -114,7 +114,7 @@ static void attention_part(void *ctx, int part, int parts) {
     free(buf);
 }
 
-int nm_attention(const nm_kernel_row *row, int64_t batch, int64_t heads, int64_t kv_heads,
+int nm_attention(const nm_isa_kernels *row, int64_t batch, int64_t heads, int64_t kv_heads,
                  int64_t lq, int64_t lk, int64_t d, const float *q, const float *k,
                  const float *v, const uint8_t *allowed, int64_t mask_heads, float scale,
                  float *out) {

@@ -68,7 +68,7 @@ static void *xmalloc(size_t n) {
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
-static void test_codecs(const nm_kernel_row *row, const nm_kernel_row *ref) {
+static void test_codecs(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     uint16_t *h = xmalloc(65536 * 2);
     float *got = xmalloc(65536 * 4), *want = xmalloc(65536 * 4);
     for (uint32_t i = 0; i < 65536; ++i) h[i] = (uint16_t)i;
@@ -143,7 +143,7 @@ static void test_codecs(const nm_kernel_row *row, const nm_kernel_row *ref) {
  * (columns of one scale each), so weight (p, j) is fl32(decode * s[j]); a = (1, 1) sums
  * the two rows' weights with two fmas, the gemvs (m = 1, 2), the tiles (m = 5) and the
  * packed layout each checked against that sum in float. */
-static void test_sweep8(const nm_kernel_row *row, const nm_kernel_row *ref) {
+static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     enum { N = 1024, K = 2 };
     static const float scales[4] = {1.0f, 0.0078125f, 3.3f, 1e-38f};
     uint8_t q[256], *b = xmalloc(K * N + 1), *bpk;
@@ -195,7 +195,7 @@ static void test_sweep8(const nm_kernel_row *row, const nm_kernel_row *ref) {
     free(b), free(bpk), free(sc), free(want), free(c);
 }
 
-static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
+static void test_sweep(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     uint8_t *b = xmalloc(65536 * 2 + 1);
     float *c = xmalloc(2 * 65536 * 4), *dec = xmalloc(65536 * 4);
     uint16_t *h = xmalloc(65536 * 2);
@@ -228,7 +228,7 @@ static void test_sweep(const nm_kernel_row *row, const nm_kernel_row *ref) {
  * the flag must stay clear. The activations are 1 and 0 and the chains start from +0.0,
  * so nothing else can raise it; the results are checked too. */
 #if defined(NM_HAVE_MXCSR)
-static void test_no_subnormal_operands(const nm_kernel_row *row, const nm_kernel_row *ref) {
+static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     enum { K = 4 };
     const int threads = nm_get_num_threads();
     nm_set_num_threads(1); /* MXCSR is per thread: keep every part on this one */
@@ -300,7 +300,7 @@ static void test_no_subnormal_operands(const nm_kernel_row *row, const nm_kernel
  * scalar row's reference for a bias is C set to the bias and accumulated into. */
 enum { START_ZERO, START_ACCUMULATE, START_BIAS };
 
-static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt, int64_t m,
+static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int fmt, int64_t m,
                      int64_t n, int64_t k, int start, int threads) {
     const int accumulate = start == START_ACCUMULATE;
     const int64_t itemsize = nm_format_table[fmt].itemsize;
@@ -395,7 +395,7 @@ static void run_case(const nm_kernel_row *row, const nm_kernel_row *ref, int fmt
     free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv), free(bias);
 }
 
-static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
+static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     static const int64_t ms[] = {1, 2, 3, 5, 6, 7, 8, 9, 16, 17};
     static const int64_t ns[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 100, 257};
     static const int64_t ks[] = {0, 1, 2, 3, 5, 17, 256, 257, 300};
@@ -433,7 +433,7 @@ static void test_shapes(const nm_kernel_row *row, const nm_kernel_row *ref) {
 
 /* The model ops (ops/): a row and thread count give the scalar row's one-thread bits; a
  * guard cell after each output is never written; hidden keys hold NaN and change nothing. */
-static void test_model_ops(const nm_kernel_row *row, const nm_kernel_row *ref) {
+static void test_model_ops(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     const int64_t batch = 3, heads = 4, kv_heads = 2, lq = 5, lk = 23, d = 40;
     const int64_t nq = batch * heads * lq * d, nk = batch * kv_heads * lk * d;
     float *q = xmalloc((size_t)nq * 4), *k = xmalloc((size_t)nk * 4), *v = xmalloc((size_t)nk * 4);
@@ -485,16 +485,24 @@ static void test_model_ops(const nm_kernel_row *row, const nm_kernel_row *ref) {
 
 int main(void) {
     nm_set_wake_min_work(0); /* split every call that can be split: race the pool always */
-    nm_kernel_row ref;
+    nm_isa_kernels ref;
     nm_fill_row_scalar(&ref);
     const unsigned features = nm_cpu_features();
+    /* the selection rule: the first row this CPU runs; names resolved or refused */
+    int first = 0;
+    while (!nm_isa_runs_on(first, features)) ++first;
+    expect(nm_isa_select(NULL, features) == first, "nm_isa_select(NULL) is not row %d", first);
+    expect(nm_isa_select("scalar", 0u) == nm_isa_count - 1 && nm_isa_select("sse9", features) ==
+               NM_ISA_UNKNOWN && nm_isa_select(nm_isa_table[0].name, 0u) ==
+               (nm_isa_table[0].required ? NM_ISA_UNSUPPORTED : 0),
+           "nm_isa_select by name");
     for (int r = 0; r < nm_isa_count; ++r) {
         const nm_isa_entry *e = &nm_isa_table[r];
-        if (e->required & ~features) {
+        if (!nm_isa_runs_on(r, features)) {
             printf("skip row %s: this CPU lacks its features\n", e->name);
             continue;
         }
-        nm_kernel_row row;
+        nm_isa_kernels row;
         e->fill(&row);
         const long before = failed;
         test_codecs(&row, &ref);

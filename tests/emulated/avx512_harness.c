@@ -72,7 +72,7 @@ typedef struct emu_job {
 } emu_job;
 
 void nm_emu_main(emu_job *job) {
-    nm_kernel_row row;
+    nm_isa_kernels row;
     nm_fill_row_avx512(&row);
     heap_used = 0;
     emulated_threads = (int)job->threads;

@@ -69,7 +69,15 @@ NM_DEFINE_ROW_MAJOR_GEMVS(avx2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm2
  * none: 21.5 GB/s of fp16 weights against 13 for the tile (one thread, q_proj 8B, C
  * harness). */
 
-NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR, 4, 2, 4, 2, _mm256_set1_ps, _mm256_loadu_ps,
+/* slivers the packed gemvs walk at a time (NM_DEFINE_PACKED_GEMVS): 16-bit and f32 weights
+ * at m = 1 and m = 2, then the FP8 formats at m = 1 and m = 2 */
+#define PACKED_SLIVERS_M1 4
+#define PACKED_SLIVERS_M2 2
+#define PACKED_SLIVERS_FP8_M1 4
+#define PACKED_SLIVERS_FP8_M2 2
+NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR,
+                       PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
+                       PACKED_SLIVERS_FP8_M2, _mm256_set1_ps, _mm256_loadu_ps,
                        _mm256_storeu_ps, load8_f32, load8_fp16, load8_bf16, load8_e4m3fn,
                        load8_e5m2, load8_e4m3fn_finite, load8_e5m2_finite, FMADD8, SCALE8)
 
@@ -262,7 +270,7 @@ static float probe_read_avx2(const float *buf, int64_t n) {
     return out[0] + out[7];
 }
 
-void nm_fill_row_avx2(nm_kernel_row *row) {
+void nm_fill_row_avx2(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx2";
     row->mr = MR;

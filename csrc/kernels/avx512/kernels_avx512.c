@@ -72,7 +72,15 @@ NM_DEFINE_ROW_MAJOR_GEMVS(avx512, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
 
 /* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
  * one row and for two (16 accumulators of the 32 registers; untimed: no AVX-512 here) */
-NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR, 4, 4, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
+/* slivers the packed gemvs walk at a time (NM_DEFINE_PACKED_GEMVS): 16-bit and f32 weights
+ * at m = 1 and m = 2, then the FP8 formats at m = 1 and m = 2 */
+#define PACKED_SLIVERS_M1 4
+#define PACKED_SLIVERS_M2 4
+#define PACKED_SLIVERS_FP8_M1 4
+#define PACKED_SLIVERS_FP8_M2 4
+NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR,
+                       PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
+                       PACKED_SLIVERS_FP8_M2, _mm512_set1_ps, _mm512_loadu_ps,
                        _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
                        load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, FMADD16, SCALE16)
 
@@ -236,7 +244,7 @@ static float probe_read_avx512(const float *buf, int64_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-void nm_fill_row_avx512(nm_kernel_row *row) {
+void nm_fill_row_avx512(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx512";
     row->mr = MR;

@@ -80,7 +80,15 @@ NM_DEFINE_ROW_MAJOR_GEMVS(neon, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f3
 
 /* packed weights: four 8-column slivers at a time, for one row and for two (16 of the 32
  * registers); unmeasured on Arm, the avx2 walk */
-NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR, 4, 4, 4, 4, vdupq_n_f32, vld1q_f32, vst1q_f32,
+/* slivers the packed gemvs walk at a time (NM_DEFINE_PACKED_GEMVS): 16-bit and f32 weights
+ * at m = 1 and m = 2, then the FP8 formats at m = 1 and m = 2 */
+#define PACKED_SLIVERS_M1 4
+#define PACKED_SLIVERS_M2 4
+#define PACKED_SLIVERS_FP8_M1 4
+#define PACKED_SLIVERS_FP8_M2 4
+NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR,
+                       PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
+                       PACKED_SLIVERS_FP8_M2, vdupq_n_f32, vld1q_f32, vst1q_f32,
                        load4_f32, load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2,
                        load4_e4m3fn_finite, load4_e5m2_finite, vfmaq_f32, SCALE4)
 
@@ -211,7 +219,7 @@ static float probe_read_neon(const float *buf, int64_t n) {
     return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
 }
 
-void nm_fill_row_neon(nm_kernel_row *row) {
+void nm_fill_row_neon(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "neon";
     row->mr = MR;

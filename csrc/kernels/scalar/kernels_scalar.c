@@ -49,7 +49,15 @@ NM_DEFINE_GEMV2_SIMD(gemv2_e5m2_scalar, 1, float, 1, SET1, LOAD1C, STORE1, nm_lo
 
 /* Packed weights, one 8-column sliver at a time: eight chains in locals for all of k, or
  * sixteen for two rows. */
-NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR, 1, 1, 1, 1, SET1, LOAD1C, STORE1,
+/* slivers the packed gemvs walk at a time (NM_DEFINE_PACKED_GEMVS): 16-bit and f32 weights
+ * at m = 1 and m = 2, then the FP8 formats at m = 1 and m = 2 */
+#define PACKED_SLIVERS_M1 1
+#define PACKED_SLIVERS_M2 1
+#define PACKED_SLIVERS_FP8_M1 1
+#define PACKED_SLIVERS_FP8_M2 1
+NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR,
+                       PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
+                       PACKED_SLIVERS_FP8_M2, SET1, LOAD1C, STORE1,
                        nm_load1_f32, nm_load1_fp16, nm_load1_bf16, nm_load1_e4m3fn_raw,
                        nm_load1_e5m2_raw, nm_load1_e4m3fn_raw, nm_load1_e5m2_raw, FMAF_ACC,
                        NM_SCALE1)
@@ -125,7 +133,7 @@ static float probe_read_scalar(const float *buf, int64_t n) {
     return s;
 }
 
-void nm_fill_row_scalar(nm_kernel_row *row) {
+void nm_fill_row_scalar(nm_isa_kernels *row) {
     memset(row, 0, sizeof *row);
     row->isa = "scalar";
     row->mr = SCALAR_MR;

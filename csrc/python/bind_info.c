@@ -1,0 +1,313 @@
+/* narrowmm._core: the ISA rows, threads, limit probes, the OpenMP team and the format table. */
+#include "binding.h" /* first: Python.h sets the feature macros */
+
+#if defined(__linux__)
+#include <dlfcn.h> /* dladdr: set_omp_team checks what its address is */
+#endif
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../frame/threads.h"
+
+/* ---- introspection ------------------------------------------------------------------ */
+
+static PyObject *feature_list(unsigned bits) {
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (int i = 0; i < nm_feature_count; ++i) {
+        if (!(bits & nm_feature_names[i].bit)) continue;
+        PyObject *s = PyUnicode_FromString(nm_feature_names[i].name);
+        if (!s || PyList_Append(list, s) < 0) {
+            Py_XDECREF(s);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(s);
+    }
+    return list;
+}
+
+PyObject *py_cpu_features(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return feature_list(cpu_features);
+}
+
+PyObject *py_pack_width(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(current_row->nr);
+}
+
+PyObject *py_isa(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(current_row->isa);
+}
+
+/* [(name, supported, [missing features]), ...] best first */
+PyObject *py_isa_rows(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    PyObject *list = PyList_New(nm_isa_count);
+    if (!list) return NULL;
+    for (int i = 0; i < nm_isa_count; ++i) {
+        PyObject *missing = feature_list(nm_isa_table[i].required & ~cpu_features);
+        if (!missing) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyObject *t = Py_BuildValue("(sON)", nm_isa_table[i].name,
+                                    row_supported[i] ? Py_True : Py_False, missing);
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}
+
+int find_row(const char *name) {
+    for (int i = 0; i < nm_isa_count; ++i)
+        if (strcmp(nm_isa_table[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* Select a row by name (nm_isa_select); raises if unknown or unsupported. */
+static int select_row(const char *name, const char *origin) {
+    const int i = nm_isa_select(name, cpu_features);
+    if (i == NM_ISA_UNKNOWN) {
+        char names[256] = "";
+        for (int j = 0; j < nm_isa_count; ++j) {
+            if (j) strncat(names, ", ", sizeof names - strlen(names) - 1);
+            strncat(names, nm_isa_table[j].name, sizeof names - strlen(names) - 1);
+        }
+        PyErr_Format(PyExc_ValueError, "%s: unknown ISA row '%s' (this build has: %s)", origin,
+                     name, names);
+        return -1;
+    }
+    if (i < 0) {
+        PyObject *missing = feature_list(nm_isa_table[find_row(name)].required & ~cpu_features);
+        if (missing)
+            PyErr_Format(PyExc_RuntimeError, "%s: this CPU cannot run the '%s' row (missing %R)",
+                         origin, name, missing);
+        Py_XDECREF(missing);
+        return -1;
+    }
+    current_row = &rows[i];
+    return 0;
+}
+
+PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    if (select_row(name, "set_isa") < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* kernel_names(op, fmt) -> list of C kernel names serving it in the current row */
+PyObject *py_kernel_names(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *op;
+    int fmt;
+    if (!PyArg_ParseTuple(args, "si", &op, &fmt)) return NULL;
+    if (parse_format(fmt) < 0) return NULL;
+    const nm_isa_kernels *r = current_row;
+    /* the finite-weights slot of a scaled format (nm_kernels.h) */
+    if (strcmp(op, "matmul_finite") == 0 || strcmp(op, "matmul_packed_finite") == 0) {
+        if (!nm_format_table[fmt].scaled) return PyList_New(0);
+        fmt = fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
+        op = strcmp(op, "matmul_finite") == 0 ? "matmul" : "matmul_packed";
+    }
+    if (strcmp(op, "matmul") == 0) {
+        if (!r->gemv[fmt] || !r->gemv2[fmt] || !r->ukernel_pack[fmt] || !r->ukernel ||
+            !r->pack[fmt])
+            return PyList_New(0);
+        return Py_BuildValue("[sssss]", r->gemv_name[fmt], r->gemv2_name[fmt],
+                             r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
+    }
+    if (strcmp(op, "matmul_packed") == 0) {
+        if (!r->gemv_packed[fmt] || !r->gemv2_packed[fmt] || !r->ukernel_pack[fmt] ||
+            !r->ukernel || !r->pack[fmt])
+            return PyList_New(0);
+        return Py_BuildValue("[sssss]", r->gemv_packed_name[fmt], r->gemv2_packed_name[fmt],
+                             r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
+    }
+    if (strcmp(op, "encode") == 0) {
+        if (r->encode8[fmt]) return Py_BuildValue("[s]", r->encode8_name[fmt]);
+        return r->encode[fmt] ? Py_BuildValue("[s]", r->encode_name[fmt]) : PyList_New(0);
+    }
+    if (strcmp(op, "decode") == 0) {
+        if (r->decode8[fmt]) return Py_BuildValue("[s]", r->decode8_name[fmt]);
+        return r->decode[fmt] ? Py_BuildValue("[s]", r->decode_name[fmt]) : PyList_New(0);
+    }
+    PyErr_Format(PyExc_ValueError, "unknown operation '%s'", op);
+    return NULL;
+}
+
+PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > NM_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "thread count must be in [1, %d], got %ld",
+                     NM_MAX_THREADS, n);
+        return NULL;
+    }
+    nm_set_num_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(nm_get_num_threads());
+}
+
+static int check_threads(int threads) {
+    if (threads < 1 || threads > NM_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", NM_MAX_THREADS,
+                     threads);
+        return -1;
+    }
+    return 0;
+}
+
+/* probe_fma(threads, iters) -> (flops, seconds) on the current row */
+PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+    (void)self;
+    int threads;
+    long long iters;
+    if (!PyArg_ParseTuple(args, "iL", &threads, &iters)) return NULL;
+    if (check_threads(threads) < 0) return NULL;
+    if (iters < 1) {
+        PyErr_SetString(PyExc_ValueError, "iters must be positive");
+        return NULL;
+    }
+    double flops, seconds;
+    Py_BEGIN_ALLOW_THREADS
+    seconds = nm_probe_fma(current_row, threads, iters, &flops);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(dd)", flops, seconds);
+}
+
+/* probe_read(threads, buffer) -> seconds to read the whole float32 buffer once */
+PyObject *py_probe_read(PyObject *self, PyObject *args) {
+    (void)self;
+    int threads;
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "iO", &threads, &obj)) return NULL;
+    if (check_threads(threads) < 0) return NULL;
+    Py_buffer v;
+    if (get_vector(obj, "buffer", 0, &v) < 0) return NULL;
+    PyObject *result = NULL;
+    const int64_t n = v.len / 4;
+    if ((uintptr_t)v.buf % 64 || n % (64 * (int64_t)threads) || n == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "buffer must be 64-byte aligned, non-empty, a multiple of 256*threads bytes");
+    } else {
+        double seconds;
+        Py_BEGIN_ALLOW_THREADS
+        seconds = nm_probe_read(current_row, threads, (const float *)v.buf, n);
+        Py_END_ALLOW_THREADS
+        result = PyFloat_FromDouble(seconds);
+    }
+    PyBuffer_Release(&v);
+    return result;
+}
+
+/* set_wake_min_work(n): the cost below which a call leaves sleeping workers asleep */
+PyObject *py_set_wake_min_work(PyObject *self, PyObject *arg) {
+    (void)self;
+    const long long work = PyLong_AsLongLong(arg);
+    if (work == -1 && PyErr_Occurred()) return NULL;
+    if (work < 0) {
+        PyErr_SetString(PyExc_ValueError, "wake_min_work must be >= 0");
+        return NULL;
+    }
+    nm_set_wake_min_work((int64_t)work);
+    Py_RETURN_NONE;
+}
+
+PyObject *py_get_wake_min_work(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)nm_get_wake_min_work());
+}
+
+PyObject *py_set_spin_ns(PyObject *self, PyObject *arg) {
+    (void)self;
+    const long long ns = PyLong_AsLongLong(arg);
+    if (ns == -1 && PyErr_Occurred()) return NULL;
+    if (ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "the spin time must be >= 0 ns");
+        return NULL;
+    }
+    nm_set_spin_ns((int64_t)ns);
+    return Py_NewRef(Py_None);
+}
+
+PyObject *py_get_spin_ns(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)nm_get_spin_ns());
+}
+
+/* set_omp_team(address): run parallel jobs on the OpenMP team whose GOMP_parallel is at
+ * `address` (0: narrowmm's own pool). A wrong address would crash the next parallel call,
+ * so it must be a loaded library's symbol of that name (Linux: dladdr says which). */
+PyObject *py_set_omp_team(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *address = PyLong_AsVoidPtr(arg);
+    if (!address && PyErr_Occurred()) return NULL;
+    if (address) {
+#if defined(__linux__)
+        Dl_info info;
+        if (!dladdr(address, &info) || !info.dli_sname || info.dli_saddr != address ||
+            strcmp(info.dli_sname, "GOMP_parallel") != 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "the address is not GOMP_parallel of a loaded libgomp");
+            return NULL;
+        }
+#else
+        PyErr_SetString(PyExc_ValueError, "an OpenMP team can be shared on Linux only");
+        return NULL;
+#endif
+    }
+    nm_set_omp_team(address);
+    Py_RETURN_NONE;
+}
+
+PyObject *py_omp_team(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(nm_omp_team());
+}
+
+PyObject *py_parallel_jobs(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(nm_parallel_jobs());
+}
+
+PyObject *py_formats(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    PyObject *list = PyList_New(NM_FMT_COUNT);
+    if (!list) return NULL;
+    for (int i = 0; i < NM_FMT_COUNT; ++i) {
+        PyObject *t = Py_BuildValue("(isiii)", i, nm_format_table[i].name,
+                                    nm_format_table[i].itemsize, nm_format_table[i].scaled,
+                                    nm_format_table[i].scale_exponent);
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}

@@ -1,0 +1,312 @@
+/* narrowmm._core: matmul and matmul_packed: arguments, scales, bias, and the column chunks. */
+#include "binding.h" /* first: Python.h sets the feature macros */
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../frame/threads.h"
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+/* A long call runs as column chunks, and between chunks the calling thread takes the GIL
+ * back and looks for signals, so Ctrl-C stops a call of any size within about a chunk's
+ * time (an interrupted call leaves `out` partly written: whole columns done, the rest as
+ * they were). Each output column is its own fma chain, so chunking changes no bit. A call
+ * of at most NM_CHUNK_MIN_TOTAL multiply-adds (a gemv weight counting NM_CHUNK_GEMV_WEIGHT,
+ * as it costs bandwidth, not arithmetic: ~10-20 ms on avx2) runs whole: splitting the Llama
+ * layer shapes at m <= 16 cost up to 1.4x. A longer one starts with a chunk of about
+ * NM_CHUNK_FIRST_WORK; the next ones are sized from its time to last about NM_CHUNK_SECONDS
+ * on this row and thread count. Chunks are whole slivers of packed weights, and multiples
+ * of NM_CHUNK_ALIGN columns of row-major ones. */
+#define NM_CHUNK_MIN_TOTAL ((double)(1LL << 30))
+#define NM_CHUNK_FIRST_WORK ((double)(1 << 28))
+#define NM_CHUNK_GEMV_WEIGHT 4
+#define NM_CHUNK_SECONDS 0.025
+#define NM_CHUNK_ALIGN 64
+
+static double now_seconds(void) {
+#if defined(_WIN32)
+    return (double)clock() / CLOCKS_PER_SEC;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+
+/* `want` columns rounded down to a multiple of `align` (at least one), at most n. */
+static int64_t chunk_columns(double want, int64_t align, int64_t n) {
+    if (want >= (double)n) return n;
+    int64_t cols = (int64_t)want / align * align;
+    return cols < align ? align : cols;
+}
+
+/* The checks both layouts share, then the call: x and out float-aligned, out's rows
+ * apart, out clear of x and the weights; n is the number of output columns. */
+static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const matrix *c,
+                            int64_t n, int packed, int accumulate, const float *bias,
+                            const nm_scales *scales) {
+    const int bsize = nm_format_table[fmt].itemsize;
+    if (((uintptr_t)a->view.buf | (uintptr_t)a->ld | (uintptr_t)c->view.buf |
+         (uintptr_t)c->ld) % sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "x and out must be float32-aligned");
+        return NULL;
+    }
+    if (c->rows > 1 && c->ld < c->cols * 4) {
+        PyErr_SetString(PyExc_ValueError, "out has overlapping rows");
+        return NULL;
+    }
+    if (overlaps(c, 4, a, 4) || overlaps(c, 4, b, bsize)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with x or the weights");
+        return NULL;
+    }
+    const float *ap = (const float *)a->view.buf;
+    const uint8_t *bp = (const uint8_t *)b->view.buf;
+    float *cp = (float *)c->view.buf;
+    const nm_isa_kernels *row = current_row;
+    const int64_t m = a->rows, k = a->cols;
+    /* Column chunks, with a look for signals (Ctrl-C) between them: see NM_CHUNK_SECONDS. */
+    const int64_t align = packed ? row->nr : NM_CHUNK_ALIGN;
+    const double per_column = (double)k * (double)(m + NM_CHUNK_GEMV_WEIGHT);
+    int64_t cols = per_column * (double)n <= NM_CHUNK_MIN_TOTAL
+                       ? n
+                       : chunk_columns(NM_CHUNK_FIRST_WORK / per_column, align, n);
+    for (int64_t j0 = 0; j0 < n;) {
+        const int64_t w = cols < n - j0 ? cols : n - j0;
+        int status;
+        double seconds;
+        Py_BEGIN_ALLOW_THREADS
+        const double t0 = now_seconds();
+        nm_scales chunk_scales, *cs = NULL;
+        if (scales) { /* the scales of the chunk's columns */
+            chunk_scales = *scales;
+            chunk_scales.s += j0;
+            cs = &chunk_scales;
+        }
+        const float *cb = bias ? bias + j0 : NULL; /* the chunk's columns of the bias */
+        status = packed ? nm_matmul_packed(row, fmt, m, w, k, ap, a->ld / 4,
+                                           bp + nm_packed_offset(k, align, bsize, 0, j0), cp + j0,
+                                           c->ld / 4, accumulate, cb, cs)
+                        : nm_matmul(row, fmt, m, w, k, ap, a->ld / 4, bp + j0 * bsize, b->ld,
+                                    cp + j0, c->ld / 4, accumulate, cb, cs);
+        seconds = now_seconds() - t0;
+        Py_END_ALLOW_THREADS
+        if (status == NM_ENOMEM) return PyErr_NoMemory();
+        if (status != NM_OK) {
+            PyErr_SetString(PyExc_ValueError, "invalid matmul arguments");
+            return NULL;
+        }
+        j0 += w;
+        if (j0 < n) {
+            if (PyErr_CheckSignals() < 0) return NULL; /* out is partly written */
+            /* the next chunks last about NM_CHUNK_SECONDS, whatever the row and threads */
+            const double scale = seconds > 0 ? NM_CHUNK_SECONDS / seconds : 16.0;
+            cols = chunk_columns((double)w * (scale < 16.0 ? scale : 16.0), align, n);
+        }
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* 16-bit weights arrive as raw bits (uint16/int16) or as NumPy float16 ('e'); 8-bit ones
+ * as bytes */
+static const char *weights_accept(int fmt) {
+    const int size = nm_format_table[fmt].itemsize;
+    return size == 4 ? "f" : size == 2 ? "Hhe" : "Bb";
+}
+
+/* The scales argument of a matmul: None for a format without scales; for a scaled one a
+ * (ceil(k / bk), ld) C-contiguous float32 array with ld >= min_ld in the kernels' form, bk
+ * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). On success
+ * *have says whether `sc` was filled (and `view` must be released). */
+static int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
+                      int64_t min_ld, Py_buffer *view, nm_scales *sc, int *have) {
+    *have = 0;
+    const int scaled = nm_format_table[fmt].scaled;
+    if (so == Py_None) {
+        if (!scaled) return 0;
+        PyErr_Format(PyExc_ValueError, "format '%s' needs its scales", nm_format_table[fmt].name);
+        return -1;
+    }
+    if (!scaled) {
+        PyErr_Format(PyExc_ValueError, "format '%s' takes no scales", nm_format_table[fmt].name);
+        return -1;
+    }
+    if (bk <= 0) {
+        PyErr_Format(PyExc_ValueError, "the scales' block must be at least 1 row, got %lld", bk);
+        return -1;
+    }
+    if (PyObject_GetBuffer(so, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "scales must be a C-contiguous float32 array");
+        return -1;
+    }
+    const int64_t blocks = k == 0 ? 0 : (k + bk - 1) / bk;
+    if (view->ndim != 2 || view->itemsize != 4 || !format_ok(view->format, "f") ||
+        ((uintptr_t)view->buf % sizeof(float))) {
+        PyErr_SetString(PyExc_TypeError, "scales must be a 2-D aligned float32 array");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->shape[0] < blocks || view->shape[1] < min_ld) {
+        PyErr_Format(PyExc_ValueError,
+                     "scales of shape (%lld, %lld) do not cover k=%lld in blocks of %lld rows "
+                     "and %lld columns",
+                     (long long)view->shape[0], (long long)view->shape[1], (long long)k, bk,
+                     (long long)min_ld);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    sc->s = (const float *)view->buf;
+    sc->ld = view->shape[1];
+    sc->bk = bk;
+    sc->finite = finite;
+    *have = 1;
+    return 0;
+}
+
+/* The bias argument of a matmul: None, or a C-contiguous, aligned float32 vector of n values
+ * clear of out, not with accumulate. On success *have says whether `view` holds it (and must
+ * be released). */
+static int get_bias(PyObject *bo, int64_t n, int accumulate, const matrix *out, Py_buffer *view,
+                    int *have) {
+    *have = 0;
+    if (bo == Py_None) return 0;
+    if (accumulate) {
+        PyErr_SetString(PyExc_ValueError, "a bias and accumulate cannot be combined: a chain "
+                                          "starts from one value");
+        return -1;
+    }
+    if (PyObject_GetBuffer(bo, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "bias must be a C-contiguous float32 vector");
+        return -1;
+    }
+    if (view->ndim != 1 || view->itemsize != 4 || !format_ok(view->format, "f") ||
+        ((uintptr_t)view->buf % sizeof(float))) {
+        PyErr_SetString(PyExc_TypeError, "bias must be a 1-D aligned float32 vector");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->shape[0] != n) {
+        PyErr_Format(PyExc_ValueError, "bias must have shape (%lld,) = (out_features,), got "
+                     "(%lld,)", (long long)n, (long long)view->shape[0]);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (overlaps_buffer(out, view)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with the bias");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *have = 1;
+    return 0;
+}
+
+static char *matmul_keywords[] = {"fmt", "x", "weights", "out", "accumulate", "scales", "block",
+                                  "finite", "bias", NULL};
+static char *matmul_packed_keywords[] = {"fmt", "x", "slivers", "n", "out", "accumulate",
+                                         "scales", "block", "finite", "bias", NULL};
+
+PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    int fmt, accumulate;
+    PyObject *ao, *bo, *co, *so = Py_None, *biaso = Py_None;
+    long long bk = 0;
+    int finite = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOOp|OLp$O:matmul", matmul_keywords, &fmt,
+                                     &ao, &bo, &co, &accumulate, &so, &bk, &finite, &biaso))
+        return NULL;
+    if (parse_format(fmt) < 0) return NULL;
+    const int bsize = nm_format_table[fmt].itemsize;
+    matrix a = {0}, b = {0}, c = {0};
+    PyObject *result = NULL;
+    if (get_matrix(ao, "x", 0, 1, 4, "f", &a) < 0) goto done;
+    if (get_matrix(bo, "weights", 0, 0, bsize, weights_accept(fmt), &b) < 0) goto done;
+    if (get_matrix(co, "out", 1, 1, 4, "f", &c) < 0) goto done;
+    if (a.cols != b.rows || c.rows != a.rows || c.cols != b.cols) {
+        PyErr_Format(PyExc_ValueError,
+                     "shapes do not match: x (%lld, %lld) @ weights (%lld, %lld) -> out "
+                     "(%lld, %lld)",
+                     (long long)a.rows, (long long)a.cols, (long long)b.rows,
+                     (long long)b.cols, (long long)c.rows, (long long)c.cols);
+        goto done;
+    }
+    Py_buffer sv;
+    nm_scales sc;
+    int have;
+    if (get_scales(fmt, so, bk, finite, b.rows, b.cols, &sv, &sc, &have) < 0) goto done;
+    Py_buffer bv;
+    int have_bias = 0;
+    if (have && overlaps_buffer(&c, &sv)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
+    } else if (get_bias(biaso, b.cols, accumulate, &c, &bv, &have_bias) == 0) {
+        result = run_matmul(fmt, &a, &b, &c, b.cols, 0, accumulate,
+                            have_bias ? (const float *)bv.buf : NULL, have ? &sc : NULL);
+    }
+    if (have_bias) PyBuffer_Release(&bv);
+    if (have) PyBuffer_Release(&sv);
+done:
+    release(&a);
+    release(&b);
+    release(&c);
+    return result;
+}
+
+/* matmul_packed(fmt, x, slivers, n, out, accumulate): the weights as the current row's
+ * layout (nm_matmul_packed), passed as a (ceil(n / NR) * k, NR) C-contiguous array. */
+PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    int fmt, accumulate;
+    long long n, bk = 0;
+    int finite = 0;
+    PyObject *ao, *bo, *co, *so = Py_None, *biaso = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOLOp|OLp$O:matmul_packed",
+                                     matmul_packed_keywords, &fmt, &ao, &bo, &n, &co,
+                                     &accumulate, &so, &bk, &finite, &biaso))
+        return NULL;
+    if (parse_format(fmt) < 0) return NULL;
+    const int bsize = nm_format_table[fmt].itemsize;
+    const int64_t nr = current_row->nr;
+    matrix a = {0}, b = {0}, c = {0};
+    PyObject *result = NULL;
+    if (get_matrix(ao, "x", 0, 1, 4, "f", &a) < 0) goto done;
+    if (get_matrix(bo, "packed weights", 0, 0, bsize, weights_accept(fmt), &b) < 0) goto done;
+    if (get_matrix(co, "out", 1, 1, 4, "f", &c) < 0) goto done;
+    if (b.cols != nr) {
+        PyErr_Format(PyExc_ValueError,
+                     "the weights were packed into %lld-column slivers, but the %s row reads "
+                     "%lld: pack them again under this row",
+                     (long long)b.cols, current_row->isa, (long long)nr);
+        goto done;
+    }
+    if (n < 0 || b.rows != (n + nr - 1) / nr * a.cols || (b.rows > 1 && b.ld != nr * bsize) ||
+        c.rows != a.rows || c.cols != n) {
+        PyErr_Format(PyExc_ValueError,
+                     "shapes do not match: x (%lld, %lld) @ packed weights (%lld rows of %lld, "
+                     "contiguous) for n=%lld -> out (%lld, %lld)",
+                     (long long)a.rows, (long long)a.cols, (long long)b.rows,
+                     (long long)b.cols, n, (long long)c.rows, (long long)c.cols);
+        goto done;
+    }
+    Py_buffer sv;
+    nm_scales sc;
+    int have;
+    if (get_scales(fmt, so, bk, finite, a.cols, (n + nr - 1) / nr * nr, &sv, &sc, &have) < 0)
+        goto done;
+    Py_buffer bv;
+    int have_bias = 0;
+    if (have && overlaps_buffer(&c, &sv)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
+    } else if (get_bias(biaso, n, accumulate, &c, &bv, &have_bias) == 0) {
+        result = run_matmul(fmt, &a, &b, &c, n, 1, accumulate,
+                            have_bias ? (const float *)bv.buf : NULL, have ? &sc : NULL);
+    }
+    if (have_bias) PyBuffer_Release(&bv);
+    if (have) PyBuffer_Release(&sv);
+done:
+    release(&a);
+    release(&b);
+    release(&c);
+    return result;
+}
