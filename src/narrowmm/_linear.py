@@ -8,8 +8,8 @@ import numpy as np
 
 from ._api import matmul
 from ._interop import as_array
-from ._safetensors import SafetensorsFile, load_safetensors
 from ._weights import PackedWeights, TorchWeights, Weights
+from .checkpoints import SafetensorsFile, load_safetensors
 
 
 class Linear:

@@ -30,7 +30,7 @@ def cpu_model() -> str:
 
 def runtime_info() -> dict[str, Any]:
     """A JSON-ready description: version, CPU, ISA row, threads, providers, kernels."""
-    from . import __version__
+    from ._version import __version__
 
     c = core()
     native = get_provider("native")

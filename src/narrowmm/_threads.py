@@ -100,7 +100,7 @@ def _register_threadpoolctl() -> None:
             self.dynlib.narrowmm_set_num_threads(int(num_threads))
 
         def get_version(self) -> str:
-            from . import __version__
+            from ._version import __version__
 
             return __version__
 

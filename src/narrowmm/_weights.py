@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._codecs import decode, encode
 from ._formats import FORMATS, Format, get_format
 from ._interop import Bf16Bits, as_array
 from ._scales import Scales, apply
+from .providers.native import checked_core
 
 _BY_DTYPE_NAME = {name: f for f in FORMATS.values() for name in f.numpy_names}
 
@@ -63,6 +65,11 @@ class _KernelScales:
             self._finite = not bool(np.any((bits & special) == special))
         return (*self._by_ld[ld], self._finite)
 
+    def preset(self, grid: np.ndarray, bk: int, finite: bool) -> None:
+        """Take a kernels' form made before (for ``grid.shape[1]`` columns) as it is."""
+        self._by_ld[grid.shape[1]] = grid, bk
+        self._finite = finite
+
 
 def check_layout(a: np.ndarray, what: str) -> None:
     """Raise unless ``a`` is 2-D with contiguous rows and a non-negative row stride."""
@@ -94,6 +101,12 @@ class _ScaledMatrix:
         if self.scales is None:
             return None
         return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld)
+
+    def preset_kernel_scales(self, grid: np.ndarray, bk: int, finite: bool) -> None:
+        """Hand over the kernels' form of the scales, made before from these same scales
+        and bits (narrowmm.torch.Linear stores it): ``kernel_scales`` then returns it
+        without making it again or looking at the codes."""
+        self._kernel_scales.preset(grid, bk, finite)
 
     def provider_scales(self) -> tuple[np.ndarray, int] | None:
         """The scales as the NumPy and reference providers take them: the grid
@@ -129,6 +142,7 @@ class Weights(_ScaledMatrix):
     """
 
     __slots__ = ("_kernel_scales", "bits", "format", "scales")
+    packed = False  # row-major (PackedWeights: True)
 
     def __init__(self, array: object, format: str | Format | None = None,
                  scales: Scales | None = None) -> None:
@@ -187,7 +201,6 @@ class Weights(_ScaledMatrix):
         For an FP8 format the values are stored as they are, with a scale of 1.0 (see
         :meth:`quantize` for scales fitted to the values); ``saturate=True`` clamps what
         overflows to the largest finite value instead of NaN (e4m3fn) or Inf (e5m2)."""
-        from ._api import encode
 
         fmt = get_format(format)
         a = as_array(values, "values")
@@ -242,7 +255,6 @@ class Weights(_ScaledMatrix):
         expanded, step = scales.expanded((k, n), n)
         with np.errstate(all="ignore"):
             scaled = a / expanded[np.arange(k) // step]
-        from ._api import encode
 
         return cls.from_bits(encode(np.ascontiguousarray(scaled), fmt, saturate=True), fmt,
                              scales)
@@ -260,7 +272,6 @@ class Weights(_ScaledMatrix):
     def decode(self) -> np.ndarray:
         """The exact float32 weights as a new (k, n) array (with their scales applied:
         ``fl32(decode(q) * scale)`` for a scaled format)."""
-        from ._api import decode
 
         if self.format.name == "f32":
             return np.array(self.bits, dtype=np.float32)
@@ -280,7 +291,6 @@ class Weights(_ScaledMatrix):
             RuntimeError: the native core is not loaded (there is no row to pack for).
             EnvironmentVariableError: ``NARROWMM_ISA`` names a row that cannot be used.
         """
-        from .providers.native import checked_core
 
         c = checked_core()
         return PackedWeights(pack_slivers(self.bits, int(c.pack_width())), self.shape[1],
@@ -292,17 +302,32 @@ class Weights(_ScaledMatrix):
         return f"Weights(k={k}, n={n}, format={self.format.name!r}{extra})"
 
 
+# The packed layout, written once on this side (csrc/frame/matmul.c's packed_weights_at is
+# the C side): sliver s holds columns [s * width, (s + 1) * width) as k rows of width
+# weights, the columns past n zero; ceil(n / width) slivers one after another.
+
+def padded_columns(n: int, width: int) -> int:
+    """Columns of ``n`` padded to whole slivers of ``width``."""
+    return -(-n // width) * width
+
+
 def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
     """(k, n) ``bits`` (any strides: a transposed view too) as ``(ceil(n / width), k,
     width)`` slivers, zero-padded; one new array, filled a sliver at a time."""
     k, n = bits.shape
-    slivers = -(-n // width)
+    slivers = padded_columns(n, width) // width
     out = np.empty((slivers, k, width), bits.dtype)
     for s in range(slivers):
         cols = bits[:, s * width:(s + 1) * width]
         out[s, :, :cols.shape[1]] = cols
         out[s, :, cols.shape[1]:] = 0
     return out
+
+
+def unpack_slivers(slivers: np.ndarray, n: int) -> np.ndarray:
+    """The (k, n) row-major bits of ``(slivers, k, width)`` packed ones (a new array)."""
+    count, k, width = slivers.shape
+    return np.ascontiguousarray(slivers.transpose(1, 0, 2).reshape(k, count * width)[:, :n])
 
 
 class PackedWeights(_ScaledMatrix):
@@ -318,15 +343,18 @@ class PackedWeights(_ScaledMatrix):
         width: columns per sliver.
         isa: the ISA row it was packed for.
         bits: the slivers, shape ``(ceil(n / width), k, width)``, columns past n zero.
+        sliver_rows: the same memory as ``(slivers * k, width)``, as the C core takes it.
     """
 
-    __slots__ = ("_kernel_scales", "_n", "_slivers", "bits", "format", "isa", "scales", "width")
+    __slots__ = ("_kernel_scales", "_n", "bits", "format", "isa", "scales", "sliver_rows",
+                 "width")
+    packed = True
 
     def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str,
                  scales: Scales | None = None) -> None:
         self.bits: np.ndarray = bits
-        # the (slivers * k, width) view the native binding takes, made once, not per call
-        self._slivers = bits.reshape(-1, bits.shape[2])
+        # the view the native binding takes, made once, not per call
+        self.sliver_rows: np.ndarray = bits.reshape(-1, bits.shape[2])
         self._n = n
         self.format: Format = format
         self.width: int = bits.shape[2]
@@ -346,9 +374,7 @@ class PackedWeights(_ScaledMatrix):
 
     def unpack(self) -> Weights:
         """The row-major :class:`Weights` again (a new array)."""
-        k, n = self.shape
-        rows = self.bits.transpose(1, 0, 2).reshape(k, self.bits.shape[0] * self.width)[:, :n]
-        return Weights.from_bits(np.ascontiguousarray(rows), self.format, self.scales)
+        return Weights.from_bits(unpack_slivers(self.bits, self._n), self.format, self.scales)
 
     def decode(self) -> np.ndarray:
         """The exact float32 values as a new (k, n) array."""
@@ -389,11 +415,6 @@ class TorchWeights:
         self.format: Format = w.format
         self.scales: Scales | None = checked_scales(w.format, scales, w.bits.shape)
 
-    def with_scales(self, scales: Scales) -> TorchWeights:
-        """The same stored weights with ``scales`` (``(out_features, in_features)``
-        orientation): a checkpoint keeps them in a tensor of their own."""
-        return TorchWeights(self.bits, self.format, scales)
-
     @classmethod
     def wrap(cls, array: object) -> TorchWeights:
         """Wrap an ``(out_features, in_features)`` float16 / bfloat16 / float32 array or
@@ -430,7 +451,6 @@ class TorchWeights:
     def pack(self) -> PackedWeights:
         """The native ISA row's packed layout (:meth:`Weights.pack`), built straight from
         this layout: no intermediate transposed copy."""
-        from .providers.native import checked_core
 
         c = checked_core()
         return PackedWeights(pack_slivers(self.bits.T, int(c.pack_width())),

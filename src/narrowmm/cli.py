@@ -42,7 +42,7 @@ _layouts = _choices("weight layouts", ("rows", "packed"))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
 
     parser = argparse.ArgumentParser(prog="narrowmm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"narrowmm {__version__}")
@@ -101,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return 1 if run_checks() else 0
     if args.model == "llama":
-        from ._bench_llama import main as llama_main
+        from .bench.llama import main as llama_main
 
         return llama_main(args)
     if args.model:
-        from ._bench_model import main as model_main
+        from .bench.minilm import main as model_main
 
         return model_main(args)
-    from ._bench import main as bench_main
+    from .bench.kernels import main as bench_main
 
     return bench_main(args)
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._api import _check_float32
+from ._arrays import check_float32
 from .providers.native import checked_core
 
 __all__ = ["attention", "rms_norm", "silu"]
 
 
 def _float32(name: str, a: object, ndim: int) -> np.ndarray:
-    a = _check_float32(a, name)
+    a = check_float32(a, name)
     if a.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
     return np.ascontiguousarray(a)
@@ -89,7 +89,7 @@ def rms_norm(x: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.nda
     dimensions), without a weight. The squares are summed in double in ascending order, the
     mean rounded once to float32, and ``x * (1 / sqrtf(mean + eps))`` rounded in float32.
     ``out`` may be ``x`` itself."""
-    x = _check_float32(x, "x")
+    x = check_float32(x, "x")
     if x.ndim < 1:
         raise ValueError("x must have at least one dimension")
     return _rows(lambda c, a, o: c.rms_norm(a, float(eps), o), x, out)
@@ -98,7 +98,7 @@ def rms_norm(x: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.nda
 def silu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """SiLU, ``x / (1 + exp(-x))``, elementwise on a float32 array: computed in double with
     narrowmm's own exp and rounded once, the same bits on every CPU. ``out`` may be ``x``."""
-    x = _check_float32(x, "x")
+    x = check_float32(x, "x")
     return _rows(lambda c, a, o: c.silu(a, o), x, out)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import narrowmm.torch as nmt
-from narrowmm._bench_model import SENTENCES, load_minilm
+from narrowmm.bench.minilm import SENTENCES, load_minilm
 
 ROUNDS, CALLS = 4, 8
 

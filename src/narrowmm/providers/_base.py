@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .._formats import Format
 
 
@@ -13,14 +15,32 @@ from .._formats import Format
 class Kernel:
     """A callable kernel and the name it is known by (its C name for native kernels).
 
-    Signatures, by operation (arrays are NumPy arrays already validated by the API):
-      matmul(x (m, k) float32, bits (k, n) storage dtype, out (m, n) float32, accumulate)
-          writes ``out`` in place;
-      encode(values float32 1-D contiguous) -> bits; decode(bits 1-D contiguous) -> float32.
+    Signatures, by operation (arguments already validated by the API):
+      matmul(x, w, out, accumulate, bias) -> None: ``x`` (m, k) float32, ``w`` the
+          :class:`~narrowmm.Weights` or :class:`~narrowmm.PackedWeights` (k, n), ``out``
+          (m, n) float32, both arrays float-aligned with contiguous rows and not overlapping
+          the weights; ``bias`` None or (n,) float32, contiguous, never with
+          ``accumulate``. It writes ``out`` in place: each chain starts from ``out``'s value
+          with ``accumulate``, else from ``bias[j]`` or +0.0. The kernel handles the weights'
+          layout (``w.packed``), their scales and the bias itself;
+      encode(values float32 1-D contiguous[, saturate]) -> bits;
+      decode(bits 1-D contiguous) -> float32.
     """
 
     name: str
     fn: Callable[..., Any]
+
+
+def row_major_operands(w: Any, out: np.ndarray, accumulate: bool,
+                       bias: np.ndarray | None) -> tuple[np.ndarray, Any, bool]:
+    """For a provider that computes on row-major bits with plain scales: the weights' bits
+    (unpacked when ``w.packed``), their scales as ``Weights.provider_scales`` gives them,
+    and ``accumulate``, the bias written into ``out`` first (then the chains start there)."""
+    if bias is not None:
+        out[...] = bias
+        accumulate = True
+    rows = w.unpack() if w.packed else w
+    return rows.bits, rows.provider_scales(), accumulate
 
 
 class Provider:

@@ -64,15 +64,31 @@ def checked_core():
     return _core
 
 
+def check_pack_width(w) -> None:
+    """Raise unless packed weights ``w`` were packed for the sliver width of the row in
+    use (a width the binding would reject with less to say)."""
+    if w.width != _core.pack_width():
+        raise ValueError(f"these weights were packed for the {w.isa} row "
+                         f"({w.width}-column slivers); the {_core.isa()} row in use "
+                         f"reads {_core.pack_width()}: pack them again under it")
+
+
 def _matmul(fmt: Format):
     code = fmt.code
 
-    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool,
-            scales: tuple[np.ndarray, int, bool] | None = None,
+    def run(x: np.ndarray, w, out: np.ndarray, accumulate: bool,
             bias: np.ndarray | None = None) -> None:
-        """``scales``: the kernels' form, ``Weights.kernel_scales``; ``bias``: the values
-        the chains start from (the C parts write it into ``out`` themselves)."""
-        _core.matmul(code, x, bits, out, accumulate, *(scales or ()), bias=bias)
+        """The binding on the weights' own layout, their scales in the kernels' form
+        (``kernel_scales``); the C parts write the bias into their blocks of ``out``."""
+        n = w.shape[1]
+        if w.packed:
+            check_pack_width(w)
+            scales = w.kernel_scales(w.bits.shape[0] * w.width)  # whole slivers
+            _core.matmul_packed(code, x, w.sliver_rows, n, out, accumulate,
+                                *(scales or ()), bias=bias)
+        else:
+            _core.matmul(code, x, w.bits, out, accumulate, *(w.kernel_scales(n) or ()),
+                         bias=bias)
 
     return run
 

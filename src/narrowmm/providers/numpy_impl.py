@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._formats import Format
-from ._base import Kernel, Provider
+from ._base import Kernel, Provider, row_major_operands
 
 _QUIET = np.uint32(0x00400000)
 _ABS = np.uint32(0x7FFFFFFF)
@@ -149,8 +149,9 @@ def fma_rows(x64: np.ndarray, w_row: np.ndarray, c64: np.ndarray) -> np.ndarray:
 
 
 def _matmul(fmt: Format):
-    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool,
-            scales: tuple[np.ndarray, int] | None = None) -> None:
+    def run(x: np.ndarray, w, out: np.ndarray, accumulate: bool,
+            bias: np.ndarray | None = None) -> None:
+        bits, scales, accumulate = row_major_operands(w, out, accumulate, bias)
         k, n = bits.shape
         c64 = out.astype(np.float64) if accumulate else np.zeros(out.shape, np.float64)
         x64 = x.astype(np.float64)

@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from .._formats import Format
-from ._base import Kernel, Provider
+from ._base import Kernel, Provider, row_major_operands
 
 _INF32 = 0x7F800000
 
@@ -235,8 +235,9 @@ def _weight_values(bits: np.ndarray, fmt: Format,
 
 
 def _matmul(fmt: Format):
-    def run(x: np.ndarray, bits: np.ndarray, out: np.ndarray, accumulate: bool,
-            scales: tuple[np.ndarray, int] | None = None) -> None:
+    def run(x: np.ndarray, w, out: np.ndarray, accumulate: bool,
+            bias: np.ndarray | None = None) -> None:
+        bits, scales, accumulate = row_major_operands(w, out, accumulate, bias)
         m, k = x.shape
         n = bits.shape[1]
         w = _weight_values(bits, fmt, scales)

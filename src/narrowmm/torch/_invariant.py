@@ -25,8 +25,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from . import ops
-from .providers.native import checked_core
+from .. import ops
+from ..providers.native import checked_core
 
 ATTENTION_NAME = "narrowmm"
 _ROTARY_BLOCK = 256

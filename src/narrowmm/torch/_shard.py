@@ -26,10 +26,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._formats import Format, get_format
-from ._linear import Linear as _NumpyLinear
-from ._safetensors import load_safetensors
-from ._weights import PackedWeights, TorchWeights, Weights
+from .._codecs import encode
+from .._formats import Format, get_format
+from .._linear import Linear as ArrayLinear
+from .._weights import PackedWeights, TorchWeights, Weights
+from ..checkpoints import load_safetensors
+from ._layer import Linear
 
 # Column ranges are whole multiples of this: a multiple of every ISA row's sliver width
 # (8, 24, 32), so each rank's slice packs into whole slivers wherever it runs.
@@ -71,7 +73,6 @@ class _NoColumns(torch.nn.Module):
 
 def _local_layer(weights: Weights | PackedWeights | None, bias: np.ndarray | None,
                  in_features: int) -> torch.nn.Module:
-    from .torch import Linear
 
     return _NoColumns(in_features) if weights is None else Linear(weights, bias)
 
@@ -156,7 +157,6 @@ def _feature_rows(full: TorchWeights, lo: int, hi: int, fmt: Format) -> Weights 
         return Weights.quantize(np.ascontiguousarray(values.T), fmt, "columns")
     if fmt.name == "f32":
         return TorchWeights(values, fmt)
-    from ._api import encode
 
     return TorchWeights(encode(values, fmt), fmt)
 
@@ -175,7 +175,6 @@ def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> tor
     every layer (packed again if the layer was packed) and drops the rest. The other ops run
     on every rank on the same inputs: on ranks with different CPUs, convert with
     ``batch_invariant=True`` so that they give the same bits everywhere."""
-    from .torch import Linear
 
     rank, world = _world(group)
     for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]:
@@ -214,7 +213,6 @@ def load_sharded(model: torch.nn.Module, checkpoint: str | os.PathLike[str],
     ``skip`` names linear layers (full names) to keep as plain ``nn.Linear``, loaded whole
     on every rank like the other parameters.
     """
-    from .torch import Linear
 
     rank, world = _world(group)
     fmt = get_format(format)
@@ -233,7 +231,7 @@ def load_sharded(model: torch.nn.Module, checkpoint: str | os.PathLike[str],
         lo, hi = ranges[rank]
         local = _NoColumns(module.in_features)
         if hi > lo:
-            layer = _NumpyLinear(_feature_rows(full, lo, hi, fmt), _bias(f, name, lo, hi),
+            layer = ArrayLinear(_feature_rows(full, lo, hi, fmt), _bias(f, name, lo, hi),
                                  pack=pack)
             local = Linear(layer.weights, layer.bias)
         f.release(key)

@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from ._api import matmul
-from ._check import same_bits
-from ._scales import Scales
-from ._threads import get_num_threads, set_num_threads
-from ._weights import PackedWeights, Weights
-from .providers import use_provider
-from .providers.native import core, use_isa
+from .._api import matmul
+from .._check import same_bits
+from .._scales import Scales
+from .._threads import get_num_threads, set_num_threads
+from .._weights import PackedWeights, Weights
+from ..providers import use_provider
+from ..providers.native import core, use_isa
 
 SCHEMA = "narrowmm-bench/1"
 # (name, k, n): k input features, n output features, as in the seed's benchmark
@@ -1042,7 +1042,7 @@ def check_outputs(args: Any) -> None:
 
 
 def main(args: Any) -> int:
-    from ._runtime import runtime_info
+    from .._runtime import runtime_info
 
     check_outputs(args)
     if core() is None:

@@ -1,5 +1,6 @@
-"""The batch-invariance proof, shared by ``examples/batch_invariance.py`` and the tests:
-a Llama-architecture ``transformers`` model with random weights, a fixed set of prompts, and
+"""``narrowmm.torch.invariance``: the batch-invariance proof as a public harness, shared by
+``examples/batch_invariance.py``, ``narrowmm bench --model llama`` and the tests: a
+Llama-architecture ``transformers`` model with random weights, a fixed set of prompts, and
 the logits of each prompt under every condition (batch composition, threads, prefill or
 decode), compared bit for bit.
 
@@ -16,7 +17,11 @@ import numpy as np
 import torch
 import transformers
 
-from . import _threads
+from .. import _threads
+
+__all__ = ["PROMPT_LENGTHS", "SIZES", "Conditions", "batch_conditions", "compositions",
+           "decode_logits", "digest", "fixed_prompts", "greedy", "left_padded", "llama_config",
+           "prompt_logits", "random_llama", "set_threads"]
 
 # Prompt lengths: different, so that a batch pads every prompt but the longest.
 PROMPT_LENGTHS = (3, 7, 12, 20, 5, 31, 9, 16)
@@ -143,9 +148,6 @@ class Conditions:
     def differing_prompts(self) -> int:
         return sum(n > 1 for n in self.distinct())
 
-    def differs_from(self, name: str, reference: str = "alone, 1 thread") -> list[bool]:
-        return [a != b for a, b in zip(self.digests[name], self.digests[reference],
-                                       strict=True)]
 
 
 def batch_conditions(model: torch.nn.Module, prompts: list[list[int]],

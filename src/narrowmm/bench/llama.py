@@ -2,7 +2,7 @@
 against llama.cpp and PyTorch, and where a token's time goes.
 
 The model has Llama-3.2-1B's shapes with a 32,000-entry vocabulary and random bf16 weights
-(``narrowmm.invariance.SIZES["1b"]``; ``--size small`` for a quick look), built from a
+(``narrowmm.torch.invariance.SIZES["1b"]``; ``--size small`` for a quick look), built from a
 ``LlamaConfig``: nothing is downloaded. The systems, all in this one process:
 
 - ``llama.cpp F16`` / ``llama.cpp BF16``: the same weights written as GGUF files with the
@@ -167,7 +167,7 @@ def torch_decode(model: Any, prompts: list[list[int]], steps: int,
     import torch
     import transformers
 
-    from .invariance import left_padded
+    from ..torch.invariance import left_padded
 
     ids, mask, positions = left_padded(prompts)
     cache = transformers.DynamicCache(config=model.config)
@@ -226,7 +226,7 @@ def profile_step(model: Any, prompts: list[list[int]], steps: int) -> dict[str, 
 
     import narrowmm.torch as nmt
 
-    from . import _torch_invariant as ti
+    from ..torch import _invariant as ti
 
     steps_spent: list[dict[str, float]] = [defaultdict(float)]  # [0]: the prefill
     kinds = {nmt.Linear: "linear layers", ti.RMSNorm: "RMS norms", ti.SiLU: "SiLU",
@@ -282,7 +282,7 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
         progress: Any = print) -> tuple[list[Case], dict[str, Any]]:
     import torch
 
-    from . import invariance as inv
+    from ..torch import invariance as inv
 
     config = inv.llama_config(size)
     # batch 1 decodes the first prompt; batch 8 all of them, left-padded

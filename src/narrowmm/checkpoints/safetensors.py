@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._scales import Scales
-from ._weights import TorchWeights
+from .._scales import Scales
+from .._weights import TorchWeights
 
 MAX_HEADER_BYTES = 100_000_000  # the format's own limit
 _MAX_ARRAY_BYTES = 2**63 - 1  # NumPy's limit on an array's size in bytes (64-bit intp)
