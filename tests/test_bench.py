@@ -1,7 +1,7 @@
 """The benchmark's timing helpers (the command itself is exercised in test_cli.py)."""
 import time
 
-from narrowmm.bench.kernels import time_calls, time_interleaved
+from narrowmm.bench.timing import time_calls, time_interleaved
 
 
 def _recorder(log: list[tuple[int, int]], system: int):

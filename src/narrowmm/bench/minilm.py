@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import time_interleaved
+from .timing import time_interleaved
 
 SENTENCES = [
     "The cat sat quietly on the warm windowsill.",

@@ -1,0 +1,59 @@
+"""What ``narrowmm bench`` measures and records: its constants and the records of one
+measurement and of the machine's limits (the JSON schema of docs/bench.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA = "narrowmm-bench/1"
+# (name, k, n): k input features, n output features, as in the seed's benchmark
+LLAMA_SHAPES = (
+    ("q_proj 1B", 2048, 2048),
+    ("q_proj 8B", 4096, 4096),
+    ("ffn_up 8B", 4096, 11008),
+    ("ffn_down 8B", 11008, 4096),
+)
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+NARROWMM_FORMATS = ("fp16", "bf16", "f32", "e4m3fn", "e5m2")
+FP8_FORMATS = ("e4m3fn", "e5m2")
+# narrowmm on row-major Weights, and on Weights.pack() of the same matrix
+NARROWMM_SYSTEMS = ("narrowmm", "narrowmm-packed")
+SLOW_CALL_S = 4.0  # a system whose single call takes longer is skipped for that case
+
+
+@dataclass
+class Result:
+    """One timed (system, format, shape, m, threads, cache) measurement."""
+
+    system: str
+    format: str
+    shape: str
+    k: int
+    n: int
+    m: int
+    threads: int
+    cache: str
+    isa: str | None
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    calls: int
+    weight_bytes: int
+    gbps: float = 0.0
+    gflops: float = 0.0
+    limit: str = ""
+    pct_of_limit: float = 0.0
+    # m == 1, narrowmm only: the read probe timed between the same calls (see Case.probe)
+    paired_read_gbps: float = 0.0
+    pct_of_paired_read: float = 0.0
+    # cold cache: the traffic between two uses of a weight copy over the 3 x L3 wanted
+    # (1.0 unless the memory budget capped the rotation: ColdPlan)
+    cold_fraction: float = 0.0
+
+
+@dataclass
+class Limits:
+    threads: int
+    isa: str
+    read_gbps: float
+    fma_gflops: float
