@@ -283,8 +283,8 @@ class Weights(_ScaledMatrix):
 
         The matrix is stored as slivers of the row's microkernel width (24 columns on avx2,
         32 on avx512, 8 on scalar and neon), each sliver's k rows contiguous. The batch-1
-        kernel then reads a few long contiguous streams instead of k short rows: 1.1-1.5x
-        faster on the machine narrowmm was tuned on (``docs/kernels.md``). Pack once, when
+        kernel then reads a few long contiguous streams instead of k short rows, which is
+        faster at small batches (``docs/kernels.md`` has the measurements). Pack once, when
         the model loads; the copy takes about the same memory as these weights.
 
         Raises:
