@@ -10,6 +10,8 @@ F32 = np.dtype(np.float32)
 
 
 def check_float32(a: object, what: str) -> np.ndarray:
+    """``a`` as a float32 NumPy array (a DLPack producer imported without a copy, except
+    for ``out``), or a TypeError that names ``what`` and says how to convert it."""
     if not isinstance(a, np.ndarray):
         if what != "out" and hasattr(a, "__dlpack__"):
             a = from_dlpack(a, what)  # e.g. a PyTorch float32 tensor, zero-copy
