@@ -203,6 +203,30 @@ static int get_bias(PyObject *bo, int64_t n, int accumulate, const matrix *out, 
     return 0;
 }
 
+/* What both matmul methods do once their matrices are checked: take the scales (k rows,
+ * ld columns in the kernels' form) and the bias, refuse an out that overlaps the scales,
+ * run, and release what they took. */
+static PyObject *run_with_scales_and_bias(int fmt, const matrix *a, const matrix *b,
+                                          const matrix *c, int64_t n, int packed,
+                                          int accumulate, PyObject *so, long long bk,
+                                          int finite, int64_t k, int64_t ld,
+                                          PyObject *biaso) {
+    Py_buffer sv, bv;
+    nm_scales sc;
+    int have, have_bias = 0;
+    PyObject *result = NULL;
+    if (get_scales(fmt, so, bk, finite, k, ld, &sv, &sc, &have) < 0) return NULL;
+    if (have && overlaps_buffer(c, &sv)) {
+        PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
+    } else if (get_bias(biaso, n, accumulate, c, &bv, &have_bias) == 0) {
+        result = run_matmul(fmt, a, b, c, n, packed, accumulate,
+                            have_bias ? (const float *)bv.buf : NULL, have ? &sc : NULL);
+    }
+    if (have_bias) PyBuffer_Release(&bv);
+    if (have) PyBuffer_Release(&sv);
+    return result;
+}
+
 static char *matmul_keywords[] = {"fmt", "x", "weights", "out", "accumulate", "scales", "block",
                                   "finite", "bias", NULL};
 static char *matmul_packed_keywords[] = {"fmt", "x", "slivers", "n", "out", "accumulate",
@@ -232,20 +256,8 @@ PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
                      (long long)b.cols, (long long)c.rows, (long long)c.cols);
         goto done;
     }
-    Py_buffer sv;
-    nm_scales sc;
-    int have;
-    if (get_scales(fmt, so, bk, finite, b.rows, b.cols, &sv, &sc, &have) < 0) goto done;
-    Py_buffer bv;
-    int have_bias = 0;
-    if (have && overlaps_buffer(&c, &sv)) {
-        PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
-    } else if (get_bias(biaso, b.cols, accumulate, &c, &bv, &have_bias) == 0) {
-        result = run_matmul(fmt, &a, &b, &c, b.cols, 0, accumulate,
-                            have_bias ? (const float *)bv.buf : NULL, have ? &sc : NULL);
-    }
-    if (have_bias) PyBuffer_Release(&bv);
-    if (have) PyBuffer_Release(&sv);
+    result = run_with_scales_and_bias(fmt, &a, &b, &c, b.cols, 0, accumulate, so, bk, finite,
+                                      b.rows, b.cols, biaso);
 done:
     release(&a);
     release(&b);
@@ -289,21 +301,8 @@ PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
                      (long long)b.cols, n, (long long)c.rows, (long long)c.cols);
         goto done;
     }
-    Py_buffer sv;
-    nm_scales sc;
-    int have;
-    if (get_scales(fmt, so, bk, finite, a.cols, (n + nr - 1) / nr * nr, &sv, &sc, &have) < 0)
-        goto done;
-    Py_buffer bv;
-    int have_bias = 0;
-    if (have && overlaps_buffer(&c, &sv)) {
-        PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
-    } else if (get_bias(biaso, n, accumulate, &c, &bv, &have_bias) == 0) {
-        result = run_matmul(fmt, &a, &b, &c, n, 1, accumulate,
-                            have_bias ? (const float *)bv.buf : NULL, have ? &sc : NULL);
-    }
-    if (have_bias) PyBuffer_Release(&bv);
-    if (have) PyBuffer_Release(&sv);
+    result = run_with_scales_and_bias(fmt, &a, &b, &c, n, 1, accumulate, so, bk, finite, a.cols,
+                                      (n + nr - 1) / nr * nr, biaso);
 done:
     release(&a);
     release(&b);
