@@ -363,7 +363,7 @@ def _all_limits(cfg: Config, progress: Any) -> list[Limits]:
     for isa in cfg.isas:
         for t in cfg.threads:
             progress.note(f"measuring limits: {isa}, {t} thread(s)")
-            limits.append(measure_limits(t, isa, cfg.budget_s < 0.5))
+            limits.append(measure_limits(t, isa, cfg.budget_s < 0.5, cfg.memory_budget))
     return limits
 
 

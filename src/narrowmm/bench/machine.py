@@ -104,10 +104,11 @@ def aligned_floats(n: int) -> np.ndarray:
     return raw[off:off + n]
 
 
-def measure_limits(threads: int, isa: str, quick: bool) -> Limits:
-    """Best-of-N read bandwidth over a buffer 4x the last-level cache, and FMA peak."""
+def measure_limits(threads: int, isa: str, quick: bool, budget: int) -> Limits:
+    """Best-of-N read bandwidth over a buffer 4x the last-level cache (at most ``budget``
+    bytes, the run's memory budget), and FMA peak."""
     c = core()
-    n = max(min(4 * l3_bytes(), memory_budget()), 64 << 20) // 4
+    n = max(min(4 * l3_bytes(), budget), 64 << 20) // 4  # the run's memory budget
     n -= n % (64 * threads)
     buf = aligned_floats(n)
     buf.fill(1.0)  # touch every page before timing
