@@ -33,6 +33,29 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
     )
 
 
+def assert_oracle_bits_on_every_path(x: np.ndarray, w: nm.Weights) -> None:
+    """The reference oracle's bits from the NumPy provider and the native row in use, on
+    row-major and packed weights."""
+    with nm.use_provider("reference"):
+        want = nm.matmul(x, w)
+    with nm.use_provider("numpy"):
+        assert_same_bits(nm.matmul(x, w), want)
+    assert_same_bits(nm.matmul(x, w), want)
+    assert_same_bits(nm.matmul(x, w.pack()), want)
+
+
+def read_everything(ckpt, error: type[Exception]) -> None:
+    """Whatever a checkpoint reader accepted must be readable within the file: every
+    tensor's bytes, and the weights of each one it loads as weights (``error`` for the
+    others)."""
+    for name in ckpt:
+        ckpt.array(name).tobytes()
+        try:
+            ckpt[name].decode()
+        except error:
+            pass
+
+
 def random_weights(rng: np.random.Generator, k: int, n: int, fmt: str) -> nm.Weights:
     return nm.Weights.encode(rng.standard_normal((k, n)).astype(np.float32), fmt)
 

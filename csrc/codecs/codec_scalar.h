@@ -155,4 +155,26 @@ static inline uint8_t nm_f32_to_e5m2(float f, int saturate) {
     return (uint8_t)(sign | (r & 0x7Fu));
 }
 
+/* ---- Q8_0's codes (GGUF): int8, the weight being code * the block's scale -------------- */
+
+/* code -> binary32, exact */
+static inline float nm_q8_0_to_f32(uint8_t q) { return (float)(int8_t)q; }
+
+/* binary32 -> code: rounded half away from zero (C's roundf, as GGUF's quantizer rounds),
+ * clamped to [-128, 127]; NaN gives 0. Python's encode refuses NaN and values out of range
+ * unless asked to saturate, so the clamp is what saturate means here and `saturate` only
+ * keeps the 8-bit encoders' signature. Straight-line: selects, no branches. */
+static inline uint8_t nm_f32_to_q8_0(float f, int saturate) {
+    (void)saturate;
+    const uint32_t x = nm_f32_bits(f), a = x & 0x7FFFFFFFu;
+    const uint32_t neg = nm_mask(x >> 31);
+    float m = nm_bits_f32(~nm_mask(a > 0x7F800000u) & a); /* |f|, NaN as 0 */
+    m = m < 129.0f ? m : 129.0f;                          /* Inf too; exact int below */
+    const int32_t t = (int32_t)m;
+    int32_t r = t + (m - (float)t >= 0.5f); /* m - t is exact: the fraction */
+    const int32_t limit = 127 + (int32_t)(neg & 1u);
+    r = r < limit ? r : limit;
+    return (uint8_t)(int8_t)(int32_t)(((uint32_t)r ^ neg) - neg);
+}
+
 #endif

@@ -25,6 +25,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
     [NM_FMT_BF16] = {"bf16", 2, 0, 0},
     [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8}, /* 15 - 7: binary16's bias against e4m3fn's */
     [NM_FMT_E5M2] = {"e5m2", 1, 1, 0},     /* e5m2 is a binary16's top byte */
+    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0},     /* raw() is the int8 code itself */
 };
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of
@@ -324,9 +325,7 @@ static int matmul_run(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, 
     if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
     if (scales && (scales->bk <= 0 || scales->ld < n || !scales->s)) return NM_EINVAL;
     if (m == 0 || n == 0) return NM_OK;
-    int slot = fmt;
-    if (scales && scales->finite)
-        slot = fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
+    const int slot = scales && scales->finite ? nm_finite_slot(fmt) : fmt;
     matmul_job job = {.isa = isa, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a, .lda = lda,
                       .b = b, .ldb = ldb, .c = c, .ldc = ldc, .accumulate = accumulate,
                       .bias = bias, .packed = packed, .scales = scales, .col_parts = 1, .row_parts = 1};

@@ -12,11 +12,12 @@ enum nm_format {
     NM_FMT_BF16 = 2, /* bfloat16: the high half of a binary32 */
     NM_FMT_E4M3FN = 3, /* OCP FP8 E4M3 (ml_dtypes float8_e4m3fn): no infinities */
     NM_FMT_E5M2 = 4,   /* OCP FP8 E5M2 (ml_dtypes float8_e5m2): the top byte of a binary16 */
+    NM_FMT_Q8_0 = 5,   /* GGUF Q8_0's int8 codes, with float32 scales (one per 32 rows) */
     NM_FMT_COUNT
 };
 
 typedef struct nm_format_info {
-    const char *name; /* the Python-side name: "f32", "fp16", "bf16", "e4m3fn", "e5m2" */
+    const char *name; /* the Python-side name: "f32", "fp16", "bf16", "e4m3fn", "e5m2", "q8_0" */
     int itemsize;     /* bytes per stored element */
     int scaled;       /* weights carry float32 scales (nm_scales); the kernels apply them */
     int scale_exponent; /* r: a scaled format's kernels take the scales times 2^r (nm_scales) */

@@ -34,6 +34,8 @@ static inline float nm_load1_e4m3fn_raw(const uint8_t *p) {
     return nm_fp16_to_f32((uint16_t)(((q & 0x80u) << 8) | (is_nan & 0x7E00u) | (~is_nan & mag)));
 }
 static inline float nm_load1_e5m2_raw(const uint8_t *p) { return nm_e5m2_to_f32(*p); }
+/* raw() of one Q8_0 weight: its int8 code, exactly */
+static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(*p); }
 
 /* The binary16 bits of raw() of a finite e4m3fn code, from its byte sign-extended to 16
  * bits, x: x << 7 puts the 7 magnitude bits in a binary16's exponent and mantissa fields
@@ -223,15 +225,20 @@ static inline float nm_load1_e5m2_raw(const uint8_t *p) { return nm_e5m2_to_f32(
             NAME##_rows_(1, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s);         \
     }
 
-/* Both row-major gemvs for the five formats of a SIMD row, and the finite-weights variants
+/* Both row-major gemvs for the six formats of a SIMD row, and the finite-weights variants
  * of the scaled ones, named gemv_<fmt>_<ISA>, gemv_<fmt>_finite_<ISA> and gemv2_... .
  * LOADF32, LOADFP16, LOADBF16: the row's LOADW per format; LOADE4M3, LOADE5M2: its raw()
  * of L FP8 weights, exact for every code; LOADE4M3F, LOADE5M2F: the same for finite codes
- * only; LOAD1FP16 its single fp16 weight (the others' singles are the portable loads);
+ * only; LOADQ8: L Q8_0 codes as float32; LOAD1FP16 its single fp16 weight (the others'
+ * singles are the portable loads);
  * SCALEV: the row's SCV for the scaled formats. */
 #define NM_DEFINE_ROW_MAJOR_GEMVS(ISA, VEC, L, SET1, LOADC, STOREC, LOADF32, LOADFP16,         \
-                                  LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F, FMA,    \
-                                  PREFETCH, LOAD1FP16, SCALEV)                               \
+                                  LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F, LOADQ8, \
+                                  FMA, PREFETCH, LOAD1FP16, SCALEV)                          \
+    NM_DEFINE_GEMV_SIMD(gemv_q8_0_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADQ8, FMA,        \
+                        PREFETCH, nm_load1_q8_0_raw, SCALEV, NM_SCALE1)                      \
+    NM_DEFINE_GEMV2_SIMD(gemv2_q8_0_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADQ8, FMA,      \
+                         PREFETCH, nm_load1_q8_0_raw, SCALEV, NM_SCALE1)                     \
     NM_DEFINE_GEMV_SIMD(gemv_e4m3fn_finite_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE4M3F,  \
                         FMA, PREFETCH, nm_load1_e4m3fn_raw, SCALEV, NM_SCALE1)               \
     NM_DEFINE_GEMV_SIMD(gemv_e5m2_finite_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE5M2F,    \
@@ -337,13 +344,17 @@ static inline float nm_load1_e5m2_raw(const uint8_t *p) { return nm_e5m2_to_f32(
         NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s);        \
     }
 
-/* Both packed gemvs for the five formats of a row and the finite variants, named
+/* Both packed gemvs for the six formats of a row and the finite variants, named
  * gemv_packed_<fmt>_<ISA> and gemv2_packed_<fmt>_<ISA>: G slivers at a time for one row,
- * G2 for two (G8, G28 for the 8-bit formats). LOADF32 ... LOADE5M2F: the row's LOADW for
+ * G2 for two (G8, G28 for the 8-bit formats). LOADF32 ... LOADQ8: the row's LOADW for
  * each (as in NM_DEFINE_ROW_MAJOR_GEMVS); SCALEV its SCV. */
 #define NM_DEFINE_PACKED_GEMVS(ISA, VEC, L, NRW, G, G2, G8, G28, SET1, LOADC, STOREC, LOADF32, \
                                LOADFP16, LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F,  \
-                               FMA, SCALEV)                                                  \
+                               LOADQ8, FMA, SCALEV)                                          \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
+                          LOADQ8, FMA, SCALEV)                                               \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC,        \
+                           STOREC, LOADQ8, FMA, SCALEV)                                      \
     NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_finite_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC,  \
                           STOREC, LOADE4M3F, FMA, SCALEV)                                    \
     NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_finite_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC,    \

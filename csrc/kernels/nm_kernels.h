@@ -46,6 +46,14 @@ enum {
     NM_MATMUL_SLOTS
 };
 
+/* The slot that serves weights of `fmt` known to hold no NaN or Inf code: the FP8 formats'
+ * finite slot, else the format's own (an integer code is always finite). */
+static inline int nm_finite_slot(int fmt) {
+    return fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE
+           : fmt == NM_FMT_E5M2 ? NM_SLOT_E5M2_FINITE
+                                : fmt;
+}
+
 /* m == 1 streaming product over a column range:
  *     c[j] = fma(a[p], w[p][j], c[j])   for p = 0..k-1, j = 0..n-1
  * B element (p, j) is the itemsize bytes at b + p*ldb + j*itemsize (ldb in bytes; b needs
@@ -160,13 +168,14 @@ typedef struct nm_isa_kernels {
 
 /* Every format of a matmul slot from functions named <slot>_<format>_<isa>, e.g.
  * NM_SET_MATMUL_SLOTS(row, gemv, avx2) sets gemv_f32_avx2, gemv_fp16_avx2, gemv_bf16_avx2,
- * gemv_e4m3fn_avx2 and gemv_e5m2_avx2. */
+ * gemv_e4m3fn_avx2, gemv_e5m2_avx2 and gemv_q8_0_avx2. */
 #define NM_SET_MATMUL_SLOTS(row, slot, isa)                                                  \
     (NM_SET_SLOT(row, slot, NM_FMT_F32, slot##_f32_##isa),                                   \
      NM_SET_SLOT(row, slot, NM_FMT_FP16, slot##_fp16_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_BF16, slot##_bf16_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_E4M3FN, slot##_e4m3fn_##isa),                             \
-     NM_SET_SLOT(row, slot, NM_FMT_E5M2, slot##_e5m2_##isa))
+     NM_SET_SLOT(row, slot, NM_FMT_E5M2, slot##_e5m2_##isa),                                 \
+     NM_SET_SLOT(row, slot, NM_FMT_Q8_0, slot##_q8_0_##isa))
 
 /* The finite-weights slots (NM_SLOT_*_FINITE) from <slot>_<format>_finite_<isa>. */
 #define NM_SET_FINITE_SLOTS(row, slot, isa)                                                  \

@@ -120,7 +120,7 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
     /* the finite-weights slot of a scaled format (nm_kernels.h) */
     if (strcmp(op, "matmul_finite") == 0 || strcmp(op, "matmul_packed_finite") == 0) {
         if (!nm_format_table[fmt].scaled) return PyList_New(0);
-        fmt = fmt == NM_FMT_E4M3FN ? NM_SLOT_E4M3FN_FINITE : NM_SLOT_E5M2_FINITE;
+        fmt = nm_finite_slot(fmt);
         op = strcmp(op, "matmul_finite") == 0 ? "matmul" : "matmul_packed";
     }
     if (strcmp(op, "matmul") == 0) {

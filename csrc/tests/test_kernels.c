@@ -68,6 +68,15 @@ static void *xmalloc(size_t n) {
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
+/* The 8-bit formats: 256 codes each, with scales. */
+static const int FORMATS8[] = {NM_FMT_E4M3FN, NM_FMT_E5M2, NM_FMT_Q8_0};
+
+/* The magnitude bits every NaN/Inf code of an 8-bit format has, or 0 for a format whose
+ * codes are all finite (Q8_0's integers). */
+static uint8_t special_bits(int fmt) {
+    return fmt == NM_FMT_E4M3FN ? 0x7F : fmt == NM_FMT_E5M2 ? 0x7C : 0;
+}
+
 static void test_codecs(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     uint16_t *h = xmalloc(65536 * 2);
     float *got = xmalloc(65536 * 4), *want = xmalloc(65536 * 4);
@@ -116,7 +125,8 @@ static void test_codecs(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     /* the 8-bit codecs: all 256 decodes, and a sample of encodes both ways of overflowing */
     uint8_t q[256], q1[CHUNK], q2[CHUNK];
     for (int i = 0; i < 256; ++i) q[i] = (uint8_t)i;
-    for (int fmt = NM_FMT_E4M3FN; fmt <= NM_FMT_E5M2; ++fmt) {
+    for (size_t f8 = 0; f8 < sizeof FORMATS8 / sizeof FORMATS8[0]; ++f8) {
+        const int fmt = FORMATS8[f8];
         row->decode8[fmt](q, got, 256);
         ref->decode8[fmt](q, want, 256);
         long bad = 0;
@@ -153,17 +163,18 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr;
     bpk = xmalloc((size_t)(ld * K));
     for (int i = 0; i < 256; ++i) q[i] = (uint8_t)i;
-    for (int fmt = NM_FMT_E4M3FN; fmt <= NM_FMT_E5M2; ++fmt) {
+    for (size_t f8 = 0; f8 < sizeof FORMATS8 / sizeof FORMATS8[0]; ++f8) {
+        const int fmt = FORMATS8[f8];
         ref->decode8[fmt](q, dec, 256);
         const float two_r = ldexpf(1.0f, nm_format_table[fmt].scale_exponent);
-        const uint8_t special = fmt == NM_FMT_E4M3FN ? 0x7F : 0x7C;
+        const uint8_t special = special_bits(fmt);
         /* every code on the exact kernels, then the finite codes (the others replaced by
          * zero) on the finite-weights kernels */
         for (int finite = 0; finite < 2; ++finite) {
             for (int j = 0; j < N; ++j) {
                 uint8_t q0 = (uint8_t)j, q1 = (uint8_t)(255 - j); /* row 1: the reverse */
-                if (finite && (q0 & special) == special) q0 = 0;
-                if (finite && (q1 & special) == special) q1 = 0;
+                if (finite && special && (q0 & special) == special) q0 = 0;
+                if (finite && special && (q1 & special) == special) q1 = 0;
                 b[1 + j] = q0, b[1 + N + j] = q1;
                 const float s = scales[j / 256];
                 sc[j] = s * two_r; /* the kernels' form */
@@ -326,6 +337,8 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
             if ((next_u64() & 255) == 0) v = (next_u64() & 1) ? INFINITY : 1e-40f;
             if (fmt == NM_FMT_F32) {
                 memcpy(b + p * ldb + 4 * j, &v, 4);
+            } else if (fmt == NM_FMT_Q8_0) { /* any code: small values would round to 0, +-1 */
+                b[p * ldb + j] = (uint8_t)next_u64();
             } else if (itemsize == 1) {
                 ref->encode8[fmt](&v, b + p * ldb + j, 1, 0);
             } else {
@@ -347,9 +360,9 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     memcpy(c_pk, c_got, c_bytes);
     /* weights without NaN or Inf codes (most shapes) take the finite-weights kernels */
     if (itemsize == 1) {
-        const uint8_t special = fmt == NM_FMT_E4M3FN ? 0x7F : 0x7C;
+        const uint8_t special = special_bits(fmt);
         int finite = 1;
-        for (int64_t p = 0; p < k; ++p)
+        for (int64_t p = 0; p < k && special; ++p)
             for (int64_t j = 0; j < n; ++j) finite &= (b[p * ldb + j] & special) != special;
         scl.finite = finite;
     }

@@ -18,13 +18,16 @@ def _codec_format(format: str | Format) -> Format:
 
 def encode(values: np.ndarray, format: str | Format, *, saturate: bool = False) -> np.ndarray:
     """Round float32 ``values`` to ``format`` (nearest even) and return the bits: uint16 for
-    fp16/bf16, uint8 for e4m3fn/e5m2.
+    fp16/bf16, uint8 for e4m3fn/e5m2/q8_0.
 
     Tiny values underflow gradually through subnormals. Overflow gives +-Inf, except in
-    e4m3fn, which has none: there it gives NaN (ml_dtypes' rule). ``saturate=True`` (FP8
-    only) clamps overflow, infinities included, to the largest finite value instead. A NaN
-    stays a NaN keeping its sign (and, in the 16-bit formats, its top payload bits). Any
-    shape; the result has the same shape. docs/contracts.md lists each format's rules.
+    e4m3fn, which has none: there it gives NaN (ml_dtypes' rule). ``saturate=True`` (the
+    8-bit formats) clamps overflow, infinities included, to the largest finite value
+    instead. A NaN stays a NaN keeping its sign (and, in the 16-bit formats, its top payload
+    bits). An integer format (``q8_0``: codes -128..127, no scale applied here) rounds
+    halves away from zero, as GGUF does; a NaN, or a value outside the codes without
+    ``saturate``, raises ValueError. Any shape; the result has the same shape.
+    docs/contracts.md lists each format's rules.
     """
     fmt = _codec_format(format)
     a = check_float32(values, "values")
@@ -32,16 +35,34 @@ def encode(values: np.ndarray, format: str | Format, *, saturate: bool = False) 
         raise TypeError("values must have native byte order")
     if saturate and fmt.itemsize != 1:
         raise ValueError(f"saturate applies to the FP8 formats, not {fmt.name!r}")
+    if fmt.integer:
+        _check_integer_range(a, fmt, saturate)
     flat = flat_aligned(a)
     _, kernel = resolve("encode", fmt)
     out = kernel.fn(flat, bool(saturate)) if fmt.itemsize == 1 else kernel.fn(flat)
     return out.reshape(a.shape)
 
 
+def _check_integer_range(a: np.ndarray, fmt: Format, saturate: bool) -> None:
+    """An integer format's codes cannot hold NaN, nor (unless saturating) values that round
+    outside ``[min_code, max_finite]``: name the first such value."""
+    with np.errstate(invalid="ignore"):
+        bad = np.isnan(a) if saturate else ~((a > fmt.min_code - 0.5)
+                                             & (a < fmt.max_finite + 0.5))
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = float(a[where])
+        limits = f"[{fmt.min_code:g}, {fmt.max_finite:g}]"
+        why = "NaN has no code" if np.isnan(value) else f"outside the codes {limits}"
+        hint = "" if saturate else " (saturate=True clamps to them)"
+        raise ValueError(f"cannot encode values[{', '.join(map(str, where))}] = {value!r} "
+                         f"as {fmt.name}: {why}{hint}")
+
+
 def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
     """Exact float32 values of bit patterns in ``format`` (uint16 for fp16/bf16, uint8 for
-    e4m3fn/e5m2); NaNs come back quiet. Scales are not applied here (see
-    :meth:`Weights.decode`)."""
+    e4m3fn/e5m2/q8_0: the integer code, for q8_0); NaNs come back quiet. Scales are not
+    applied here (see :meth:`Weights.decode`)."""
     fmt = _codec_format(format)
     want = "uint16 (or int16/float16)" if fmt.itemsize == 2 else "uint8 (or int8)"
     if not isinstance(bits, np.ndarray):

@@ -16,18 +16,27 @@ class Format:
     """A storage format for weights.
 
     Attributes:
-        name: canonical name (``"f32"``, ``"fp16"``, ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``).
+        name: canonical name (``"f32"``, ``"fp16"``, ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``,
+            ``"q8_0"``).
         code: the C core's ``nm_format`` code.
         itemsize: bytes per stored element.
         storage: NumPy dtype that holds the raw stored elements (bits for the narrow formats).
-        exponent_bits, mantissa_bits: the layout, for documentation and range checks.
+        exponent_bits, mantissa_bits: the layout, for documentation and range checks (an
+            integer format: 0 and its magnitude bits).
         numpy_names: dtype names whose arrays wrap as this format without a copy.
         description: one line for ``narrowmm info``.
         scaled: weights in this format carry float32 scales (:class:`~narrowmm.Scales`),
             each weight being ``fl32(decode(q) * scale)``.
-        max_finite: the largest finite value.
+        max_finite: the largest finite value (of a code, before its scale).
         scale_exponent: r, for a scaled format: the C kernels take ``scale * 2**r`` (so
             scales must stay below ``2**(128 - r)``; docs/kernels.md says why).
+        special_bits: the magnitude bits that every NaN/Inf code of the format has (a code
+            with all of them set is NaN or Inf), or 0 when every code is finite.
+        integer: the codes are integers (``q8_0``): encoding rounds half away from zero, as
+            GGUF does, to ``[min_code, max_finite]``.
+        min_code: the smallest code of an integer format.
+        gguf_block: for a GGUF type, the input features a block holds (its scale's rows);
+            ``Weights.quantize`` makes such blocks by default.
     """
 
     name: str
@@ -41,6 +50,10 @@ class Format:
     scaled: bool = False
     max_finite: float = 0.0
     scale_exponent: int = 0
+    special_bits: int = 0
+    integer: bool = False
+    min_code: float = 0.0
+    gguf_block: int = 0
 
     @property
     def max_scale(self) -> float:
@@ -67,10 +80,13 @@ FORMATS: dict[str, Format] = {
                max_finite=3.3895313892515355e38),
         Format("e4m3fn", 3, 1, np.dtype(np.uint8), 4, 3, ("float8_e4m3fn",),
                "OCP FP8 E4M3, no infinities, with float32 scales", scaled=True,
-               max_finite=448.0, scale_exponent=8),
+               max_finite=448.0, scale_exponent=8, special_bits=0x7F),
         Format("e5m2", 4, 1, np.dtype(np.uint8), 5, 2, ("float8_e5m2",),
                "OCP FP8 E5M2, with float32 scales", scaled=True, max_finite=57344.0,
-               scale_exponent=0),
+               scale_exponent=0, special_bits=0x7C),
+        Format("q8_0", 5, 1, np.dtype(np.uint8), 0, 7, (),
+               "GGUF Q8_0: int8 codes, a float32 (GGUF: fp16) scale per 32 input features",
+               scaled=True, max_finite=127.0, integer=True, min_code=-128.0, gguf_block=32),
     )
 }
 

@@ -47,7 +47,7 @@ def runtime_info() -> dict[str, Any]:
         if provider is native:  # names of the row in use now, not when first resolved
             packed = native.kernel_names("matmul_packed", fmt) if op == "matmul" else []
             name = describe_kernels(op, native.kernel_names(op, fmt), packed or None)
-            if op == "matmul" and fmt.scaled:  # what weights without NaN/Inf codes take
+            if op == "matmul" and fmt.special_bits:  # what weights without NaN/Inf take
                 entry["finite_kernel"] = describe_kernels(
                     op, native.kernel_names("matmul_finite", fmt),
                     native.kernel_names("matmul_packed_finite", fmt) or None)

@@ -137,6 +137,8 @@ def apply(decoded: np.ndarray, scales: Scales) -> np.ndarray:
     """``fl32(decoded * scale)`` element by element for a ``(k, n)`` float32 matrix: the
     weights a scaled format stands for (one float32 rounding each)."""
     k, n = decoded.shape
+    if decoded.size == 0:  # nothing to scale; k may still be huge (2^62 x 0 in a file)
+        return decoded
     grid, bk = scales.expanded((k, n), n)
     rows = np.arange(k) // bk
     with np.errstate(all="ignore"):

@@ -34,14 +34,12 @@ def checked_scales(fmt: Format, scales: Scales | None, shape: tuple[int, int],
         raise TypeError(f"scales must be a narrowmm.Scales, got {type(scales).__name__}")
     scales.check(shape, what)
     v = scales.values
-    if not (np.isfinite(v).all() and (np.abs(v) < fmt.max_scale).all()):
-        bad = v[~(np.isfinite(v) & (np.abs(v) < fmt.max_scale))].flat[0]
+    ok = np.isfinite(v) & (np.abs(v.astype(np.float64)) < fmt.max_scale)  # 2^128: no float32
+    if not ok.all():
+        bad = v[~ok].flat[0]
         raise ValueError(f"{fmt.name} scales must be finite and below {fmt.max_scale:g} in "
                          f"magnitude, got {bad!r}")
     return scales
-
-
-_SPECIAL_CODES = {"e4m3fn": 0x7F, "e5m2": 0x7C}  # the magnitude bits all NaN/Inf codes share
 
 
 class _KernelScales:
@@ -60,9 +58,9 @@ class _KernelScales:
             grid, bk = scales.expanded(shape, ld)
             grid *= np.float32(2.0 ** fmt.scale_exponent)  # exact: checked_scales' bound
             self._by_ld[ld] = grid, bk
-        if self._finite is None:
-            special = np.uint8(_SPECIAL_CODES[fmt.name])
-            self._finite = not bool(np.any((bits & special) == special))
+        if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
+            special = np.uint8(fmt.special_bits)
+            self._finite = not special or not bool(np.any((bits & special) == special))
         return (*self._by_ld[ld], self._finite)
 
     def preset(self, grid: np.ndarray, bk: int, finite: bool) -> None:
@@ -116,7 +114,7 @@ class _ScaledMatrix:
 
 class Weights(_ScaledMatrix):
     """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``,
-    ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``).
+    ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``, ``"q8_0"``).
 
     ``Weights(array)`` wraps without copying: a NumPy float16 array is fp16, an ml_dtypes
     bfloat16 array is bf16, an ml_dtypes float8_e4m3fn / float8_e5m2 array is e4m3fn /
@@ -125,11 +123,13 @@ class Weights(_ScaledMatrix):
     through :meth:`from_bits`; float32 values to be rounded go through :meth:`encode` or,
     with scales computed from the values, :meth:`quantize`.
 
-    The FP8 formats carry :class:`~narrowmm.Scales` (1.0 for the whole matrix unless
-    given): weight (p, j) is ``fl32(decode(q[p, j]) * scale)``, and every provider, ISA and
-    thread count computes the same chains on those weights. Their codes are looked at once,
-    at the first native call, for NaN/Inf codes (weights without any take faster kernels):
-    write into ``bits`` afterwards and build new Weights.
+    The FP8 formats and GGUF's ``q8_0`` (int8 codes) carry :class:`~narrowmm.Scales` (1.0
+    for the whole matrix unless given): weight (p, j) is ``fl32(decode(q[p, j]) * scale)``,
+    and every provider, ISA and thread count computes the same chains on those weights.
+    ``q8_0`` weights come from :meth:`quantize` (GGUF's own rule, bit for bit) or a GGUF
+    file (:func:`narrowmm.load_gguf`); any float32 scales are accepted. FP8 codes are looked
+    at once, at the first native call, for NaN/Inf codes (weights without any take faster
+    kernels): write into ``bits`` afterwards and build new Weights.
 
     The array must be 2-D with contiguous rows; row strides may be larger than a row
     (a sub-block of a bigger matrix) and the data need not be aligned.
@@ -176,7 +176,7 @@ class Weights(_ScaledMatrix):
     def from_bits(cls, bits: object, format: str | Format,
                   scales: Scales | None = None) -> Weights:
         """Wrap raw bit patterns: uint16 (or int16) for fp16/bf16, uint8 (or int8) for
-        e4m3fn/e5m2 (with their ``scales``, 1.0 if None), float32 or uint32 for f32."""
+        e4m3fn/e5m2/q8_0 (with their ``scales``, 1.0 if None), float32 or uint32 for f32."""
         fmt = get_format(format)
         a = as_array(bits, "bits").view(np.ndarray)
         if fmt.itemsize in (1, 2) and not (a.dtype.kind in "ui"
@@ -214,16 +214,23 @@ class Weights(_ScaledMatrix):
 
     @classmethod
     def quantize(cls, values: object, format: str | Format = "e4m3fn",
-                 block: str | tuple[int, int] = "columns") -> Weights:
-        """Scaled FP8 weights for float32 ``values`` (k, n): each block's scale is its
-        largest magnitude over the format's largest finite value (1.0 for an all-zero
-        block), and ``q = encode(values / scale, saturate=True)``.
+                 block: str | tuple[int, int] | None = None) -> Weights:
+        """Scaled weights for float32 ``values`` (k, n).
+
+        FP8: each block's scale is its largest magnitude over the format's largest finite
+        value (1.0 for an all-zero block), and ``q = encode(values / scale, saturate=True)``.
+
+        ``q8_0``: GGUF's quantizer (``ggml-quants.c``, ``gguf.quants.quantize``), bit for
+        bit: in float32, ``d = amax / 127``, ``q = roundf(x * (1 / d))`` (0 where d is 0),
+        and the scale stored is ``d`` rounded to fp16, as a GGUF file stores it; a block
+        whose fp16 scale would overflow raises ValueError.
 
         Args:
             values: float32 (k, n), finite.
-            format: ``"e4m3fn"`` or ``"e5m2"``.
-            block: ``"columns"`` (one scale per output column, the default),
-                ``"tensor"`` (one scale), or ``(bk, bn)`` blocks (e.g. ``(128, 128)``).
+            format: ``"e4m3fn"``, ``"e5m2"`` or ``"q8_0"``.
+            block: ``"columns"`` (one scale per output column; FP8's default),
+                ``"tensor"`` (one scale), or ``(bk, bn)`` blocks (e.g. ``(128, 128)``;
+                ``q8_0``'s default is GGUF's ``(32, 1)``: 32 input features of a column).
         """
         fmt = get_format(format)
         if not fmt.scaled:
@@ -234,6 +241,8 @@ class Weights(_ScaledMatrix):
         if not np.isfinite(a).all():
             raise ValueError("values to quantize must be finite")
         k, n = a.shape
+        if block is None:
+            block = (fmt.gguf_block, 1) if fmt.gguf_block else "columns"
         if block == "columns":
             bk, bn = 0, 1
         elif block == "tensor":
@@ -250,6 +259,8 @@ class Weights(_ScaledMatrix):
         mag = np.zeros((kb * rows_b, nb * cols_b), np.float32)
         mag[:k, :n] = np.abs(a)
         amax = mag.reshape(kb, rows_b, nb, cols_b).max(axis=(1, 3))
+        if fmt.integer:
+            return _quantize_gguf_symmetric(cls, a, fmt, amax, (bk, bn))
         grid = np.where(amax > 0, amax / np.float32(fmt.max_finite), np.float32(1))
         scales = Scales(grid.astype(np.float32), (bk, bn))
         expanded, step = scales.expanded((k, n), n)
@@ -300,6 +311,35 @@ class Weights(_ScaledMatrix):
         k, n = self.shape
         extra = "" if self.scales is None else f", scales={self.scales!r}"
         return f"Weights(k={k}, n={n}, format={self.format.name!r}{extra})"
+
+
+def roundf(x: np.ndarray) -> np.ndarray:
+    """C's ``roundf`` on float32: to the nearest integer, halves away from zero (exact:
+    ``|x| - floor(|x|)`` is the fraction, with no rounding)."""
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.copysign(whole + (a - whole >= np.float32(0.5)), x).astype(np.float32)
+
+
+def _quantize_gguf_symmetric(cls: type[Weights], a: np.ndarray, fmt: Format,
+                             amax: np.ndarray, block: tuple[int, int]) -> Weights:
+    """Weights.quantize for GGUF's symmetric integer type (Q8_0): the float32 scale
+    ``d = amax / max_code`` sets the codes, its fp16 rounding is what is stored."""
+    k, n = a.shape
+    with np.errstate(all="ignore"):
+        d = (amax / np.float32(fmt.max_finite)).astype(np.float32)
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        d16 = d.astype(np.float16)
+    if not np.isfinite(d16).all():
+        bad = float(amax[~np.isfinite(d16)].flat[0])
+        raise ValueError(f"{fmt.name}: a block's largest magnitude {bad!r} makes a scale "
+                         f"past fp16's range (65504 * {fmt.max_finite:g})")
+    rows = np.arange(k) // (block[0] or max(k, 1))
+    cols = np.zeros(n, np.intp) if block[1] == 0 else np.arange(n) // block[1]
+    with np.errstate(all="ignore"):
+        codes = roundf(a * inv[rows][:, cols])
+    bits = codes.astype(np.int8).view(np.uint8)
+    return cls.from_bits(bits, fmt, Scales(d16.astype(np.float32), block))
 
 
 # The packed layout, written once on this side (csrc/frame/matmul.c's packed_weights_at is

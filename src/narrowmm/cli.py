@@ -43,6 +43,7 @@ _layouts = _choices("weight layouts", ("rows", "packed"))
 
 def build_parser() -> argparse.ArgumentParser:
     from ._version import __version__
+    from .bench.results import NARROWMM_FORMATS  # constants only: the CLI starts fast
 
     parser = argparse.ArgumentParser(prog="narrowmm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"narrowmm {__version__}")
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="k,n instead of the Llama shapes (repeatable)")
     bench.add_argument("--batch", type=_ints, help="batch sizes m (default 1,16,128)")
     bench.add_argument("--format", action="append",
-                       choices=["fp16", "bf16", "f32", "e4m3fn", "e5m2"],
+                       choices=list(NARROWMM_FORMATS),
                        help="narrowmm weight formats (default all; repeatable)")
     bench.add_argument("--threads", type=_ints, help="thread counts, e.g. 1,2 (default: "
                        "the pool's size)")

@@ -45,6 +45,11 @@ static inline __m256 load8_e4m3fn_finite(const uint8_t *p) {
 
 #define load8_e5m2_finite load8_e5m2
 
+/* raw() of 8 Q8_0 weights: their int8 codes, widened and converted (exact) */
+static inline __m256 load8_q8_0(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 /* the scales of 8 columns (nm_kernels.h): one rounding per weight */
 #define SCALE8(w, sp) _mm256_mul_ps(w, _mm256_loadu_ps(sp))
 
@@ -57,8 +62,8 @@ static inline __m256 load8_e4m3fn_finite(const uint8_t *p) {
  * empty; two rows of B a step 14.9, one 10.6. */
 NM_DEFINE_ROW_MAJOR_GEMVS(avx2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
                           load8_f32, load8_fp16, load8_bf16, load8_e4m3fn, load8_e5m2,
-                          load8_e4m3fn_finite, load8_e5m2_finite, FMADD8, PREFETCH_T0,
-                          load1_fp16_f16c, SCALE8)
+                          load8_e4m3fn_finite, load8_e5m2_finite, load8_q8_0, FMADD8,
+                          PREFETCH_T0, load1_fp16_f16c, SCALE8)
 
 /* ---- packed weights -------------------------------------------------------------------
  * m == 1: four 24-column slivers at a time, 12 accumulators. Four contiguous streams per
@@ -79,7 +84,8 @@ NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR,
                        PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
                        PACKED_SLIVERS_FP8_M2, _mm256_set1_ps, _mm256_loadu_ps,
                        _mm256_storeu_ps, load8_f32, load8_fp16, load8_bf16, load8_e4m3fn,
-                       load8_e5m2, load8_e4m3fn_finite, load8_e5m2_finite, FMADD8, SCALE8)
+                       load8_e5m2, load8_e4m3fn_finite, load8_e5m2_finite, load8_q8_0,
+                       FMADD8, SCALE8)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -97,6 +103,8 @@ NM_DEFINE_PACK(pack_e4m3fn_finite_avx2, 1, 8, load8_e4m3fn_finite, _mm256_storeu
                nm_load1_e4m3fn_raw, SCALE8, NM_SCALE1)
 NM_DEFINE_PACK(pack_e5m2_finite_avx2, 1, 8, load8_e5m2_finite, _mm256_storeu_ps,
                nm_load1_e5m2_raw, SCALE8, NM_SCALE1)
+NM_DEFINE_PACK(pack_q8_0_avx2, 1, 8, load8_q8_0, _mm256_storeu_ps, nm_load1_q8_0_raw, SCALE8,
+               NM_SCALE1)
 
 /* ---- the 4 x 24 microkernel: 12 accumulators, 3 B vectors, 1 broadcast ---------------
  * Named registers rather than an array: compilers keep these in ymm registers, where an
@@ -205,6 +213,7 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_avx2, tile_pack_e4m3fn_finite,
                        load8_e4m3fn_finite, SCALE8)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx2, tile_pack_e5m2_finite, 1,
                        load8_e5m2_finite, SCALE8)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_avx2, tile_pack_q8_0, 1, load8_q8_0, SCALE8)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 

@@ -58,6 +58,11 @@ static inline __m512 load16_e4m3fn_finite(const uint8_t *p) {
 
 #define load16_e5m2_finite load16_e5m2
 
+/* raw() of 16 Q8_0 weights: their int8 codes, widened and converted (exact) */
+static inline __m512 load16_q8_0(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 #define SCALE16(w, sp) _mm512_mul_ps(w, _mm512_loadu_ps(sp))
 
 /* ---- m == 1: stream B four rows at a time, 64 columns per step ----------------------- */
@@ -67,8 +72,8 @@ static inline __m512 load16_e4m3fn_finite(const uint8_t *p) {
 /* m == 2 (gemv2): the avx2 row's walk (untimed: no AVX-512 here) */
 NM_DEFINE_ROW_MAJOR_GEMVS(avx512, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
                           _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
-                          load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, FMADD16,
-                          PREFETCH_T0, load1_fp16_f16c, SCALE16)
+                          load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
+                          FMADD16, PREFETCH_T0, load1_fp16_f16c, SCALE16)
 
 /* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
  * one row and for two (16 accumulators of the 32 registers; untimed: no AVX-512 here) */
@@ -82,7 +87,8 @@ NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR,
                        PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
                        PACKED_SLIVERS_FP8_M2, _mm512_set1_ps, _mm512_loadu_ps,
                        _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
-                       load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, FMADD16, SCALE16)
+                       load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
+                       FMADD16, SCALE16)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -100,6 +106,8 @@ NM_DEFINE_PACK(pack_e4m3fn_finite_avx512, 1, 16, load16_e4m3fn_finite, _mm512_st
                nm_load1_e4m3fn_raw, SCALE16, NM_SCALE1)
 NM_DEFINE_PACK(pack_e5m2_finite_avx512, 1, 16, load16_e5m2_finite, _mm512_storeu_ps,
                nm_load1_e5m2_raw, SCALE16, NM_SCALE1)
+NM_DEFINE_PACK(pack_q8_0_avx512, 1, 16, load16_q8_0, _mm512_storeu_ps, nm_load1_q8_0_raw,
+               SCALE16, NM_SCALE1)
 
 /* ---- the 8 x 32 microkernel: 16 accumulators, 2 B vectors, 1 broadcast ---------------
  * Half of the 32 zmm registers hold the tile; named registers, as in the avx2 row. A row of
@@ -186,6 +194,7 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_avx512, tile_pack_e4m3fn_finit
                        load16_e4m3fn_finite, SCALE16)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx512, tile_pack_e5m2_finite, 1,
                        load16_e5m2_finite, SCALE16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_avx512, tile_pack_q8_0, 1, load16_q8_0, SCALE16)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 

@@ -66,6 +66,11 @@ static inline float32x4_t load4_e4m3fn_finite(const uint8_t *p) {
 
 #define load4_e5m2_finite load4_e5m2
 
+/* raw() of 4 Q8_0 weights: their int8 codes, widened and converted (exact; 4 bytes read) */
+static inline float32x4_t load4_q8_0(const uint8_t *p) {
+    return vcvtq_f32_s32(vmovl_s16(load4_s8_as_s16(p)));
+}
+
 #define SCALE4(w, sp) vmulq_f32(w, vld1q_f32(sp))
 
 /* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
@@ -76,7 +81,8 @@ static inline float32x4_t load4_e4m3fn_finite(const uint8_t *p) {
 /* m == 2 (gemv2): the avx2 row's walk (unmeasured on Arm) */
 NM_DEFINE_ROW_MAJOR_GEMVS(neon, float32x4_t, 4, vdupq_n_f32, vld1q_f32, vst1q_f32, load4_f32,
                           load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2, load4_e4m3fn_finite,
-                          load4_e5m2_finite, vfmaq_f32, NO_PREFETCH, nm_load1_fp16, SCALE4)
+                          load4_e5m2_finite, load4_q8_0, vfmaq_f32, NO_PREFETCH, nm_load1_fp16,
+                          SCALE4)
 
 /* packed weights: four 8-column slivers at a time, for one row and for two (16 of the 32
  * registers); unmeasured on Arm, the avx2 walk */
@@ -90,7 +96,7 @@ NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR,
                        PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
                        PACKED_SLIVERS_FP8_M2, vdupq_n_f32, vld1q_f32, vst1q_f32,
                        load4_f32, load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2,
-                       load4_e4m3fn_finite, load4_e5m2_finite, vfmaq_f32, SCALE4)
+                       load4_e4m3fn_finite, load4_e5m2_finite, load4_q8_0, vfmaq_f32, SCALE4)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -108,6 +114,8 @@ NM_DEFINE_PACK(pack_e4m3fn_finite_neon, 1, 4, load4_e4m3fn_finite, vst1q_f32,
                nm_load1_e4m3fn_raw, SCALE4, NM_SCALE1)
 NM_DEFINE_PACK(pack_e5m2_finite_neon, 1, 4, load4_e5m2_finite, vst1q_f32, nm_load1_e5m2_raw,
                SCALE4, NM_SCALE1)
+NM_DEFINE_PACK(pack_q8_0_neon, 1, 4, load4_q8_0, vst1q_f32, nm_load1_q8_0_raw, SCALE4,
+               NM_SCALE1)
 
 /* ---- the 8 x 8 microkernel: 16 accumulators of the 32 vector registers ---------------
  * Packed A gives the 8 multipliers of step p as two contiguous vectors; each is applied
@@ -175,6 +183,7 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_neon, tile_pack_e4m3fn_finite,
                        load4_e4m3fn_finite, SCALE4)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_neon, tile_pack_e5m2_finite, 1,
                        load4_e5m2_finite, SCALE4)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_neon, tile_pack_q8_0, 1, load4_q8_0, SCALE4)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 

@@ -26,6 +26,7 @@ NM_DEFINE_GEMV(gemv_bf16_scalar, nm_load1_bf16(row + 2 * j))
 /* scaled: fl32(raw(q) * s[j]), then the fma (nm_kernels.h) */
 NM_DEFINE_GEMV(gemv_e4m3fn_scalar, nm_load1_e4m3fn_raw(row + j) * s[j])
 NM_DEFINE_GEMV(gemv_e5m2_scalar, nm_load1_e5m2_raw(row + j) * s[j])
+NM_DEFINE_GEMV(gemv_q8_0_scalar, nm_load1_q8_0_raw(row + j) * s[j])
 
 #define STORE1(p, v) (*(p) = (v))
 #define LOAD1C(p) (*(p))
@@ -46,6 +47,8 @@ NM_DEFINE_GEMV2_SIMD(gemv2_e4m3fn_scalar, 1, float, 1, SET1, LOAD1C, STORE1,
                      NM_SCALE1)
 NM_DEFINE_GEMV2_SIMD(gemv2_e5m2_scalar, 1, float, 1, SET1, LOAD1C, STORE1, nm_load1_e5m2_raw,
                      FMAF_ACC, NO_PREFETCH, nm_load1_e5m2_raw, NM_SCALE1, NM_SCALE1)
+NM_DEFINE_GEMV2_SIMD(gemv2_q8_0_scalar, 1, float, 1, SET1, LOAD1C, STORE1, nm_load1_q8_0_raw,
+                     FMAF_ACC, NO_PREFETCH, nm_load1_q8_0_raw, NM_SCALE1, NM_SCALE1)
 
 /* Packed weights, one 8-column sliver at a time: eight chains in locals for all of k, or
  * sixteen for two rows. */
@@ -59,8 +62,8 @@ NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR,
                        PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
                        PACKED_SLIVERS_FP8_M2, SET1, LOAD1C, STORE1,
                        nm_load1_f32, nm_load1_fp16, nm_load1_bf16, nm_load1_e4m3fn_raw,
-                       nm_load1_e5m2_raw, nm_load1_e4m3fn_raw, nm_load1_e5m2_raw, FMAF_ACC,
-                       NM_SCALE1)
+                       nm_load1_e5m2_raw, nm_load1_e4m3fn_raw, nm_load1_e5m2_raw,
+                       nm_load1_q8_0_raw, FMAF_ACC, NM_SCALE1)
 
 NM_DEFINE_PACK(pack_f32_scalar, 4, 1, nm_load1_f32, STORE1, nm_load1_f32, NM_UNSCALED,
                NM_UNSCALED)
@@ -71,6 +74,8 @@ NM_DEFINE_PACK(pack_bf16_scalar, 2, 1, nm_load1_bf16, STORE1, nm_load1_bf16, NM_
 NM_DEFINE_PACK(pack_e4m3fn_scalar, 1, 1, nm_load1_e4m3fn_raw, STORE1, nm_load1_e4m3fn_raw,
                NM_SCALE1, NM_SCALE1)
 NM_DEFINE_PACK(pack_e5m2_scalar, 1, 1, nm_load1_e5m2_raw, STORE1, nm_load1_e5m2_raw,
+               NM_SCALE1, NM_SCALE1)
+NM_DEFINE_PACK(pack_q8_0_scalar, 1, 1, nm_load1_q8_0_raw, STORE1, nm_load1_q8_0_raw,
                NM_SCALE1, NM_SCALE1)
 
 #define SCALAR_MR 4
@@ -102,6 +107,8 @@ NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_e4m3fn_scalar, pack_e4m3fn_scalar,
                                 ukernel_4x8_scalar, SCALAR_NR)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_e5m2_scalar, pack_e5m2_scalar, ukernel_4x8_scalar,
                                 SCALAR_NR)
+NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q8_0_scalar, pack_q8_0_scalar, ukernel_4x8_scalar,
+                                SCALAR_NR)
 
 NM_DEFINE_CODEC_LOOP(decode_fp16_scalar, uint16_t, float, nm_fp16_to_f32)
 NM_DEFINE_CODEC_LOOP(decode_bf16_scalar, uint16_t, float, nm_bf16_to_f32)
@@ -112,6 +119,8 @@ NM_DEFINE_CODEC_LOOP(decode_e4m3fn_scalar, uint8_t, float, nm_e4m3fn_to_f32)
 NM_DEFINE_CODEC_LOOP(decode_e5m2_scalar, uint8_t, float, nm_e5m2_to_f32)
 NM_DEFINE_ENCODE8_LOOP(encode_e4m3fn_scalar, nm_f32_to_e4m3fn)
 NM_DEFINE_ENCODE8_LOOP(encode_e5m2_scalar, nm_f32_to_e5m2)
+NM_DEFINE_CODEC_LOOP(decode_q8_0_scalar, uint8_t, float, nm_q8_0_to_f32)
+NM_DEFINE_ENCODE8_LOOP(encode_q8_0_scalar, nm_f32_to_q8_0)
 
 /* 8 independent scalar chains; the multiplier keeps values bounded and exact-free. */
 static float probe_fma_scalar(int64_t iters) {
@@ -163,6 +172,8 @@ void nm_fill_row_scalar(nm_isa_kernels *row) {
     NM_SET_SLOT(row, decode8, NM_FMT_E5M2, decode_e5m2_scalar);
     NM_SET_SLOT(row, encode8, NM_FMT_E4M3FN, encode_e4m3fn_scalar);
     NM_SET_SLOT(row, encode8, NM_FMT_E5M2, encode_e5m2_scalar);
+    NM_SET_SLOT(row, decode8, NM_FMT_Q8_0, decode_q8_0_scalar);
+    NM_SET_SLOT(row, encode8, NM_FMT_Q8_0, encode_q8_0_scalar);
     row->probe_fma = probe_fma_scalar;
     row->probe_fma_flops = 8 * 2;
     row->probe_read = probe_read_scalar;

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .results import FP8_FORMATS, NARROWMM_FORMATS, NARROWMM_SYSTEMS, Limits, Result
+from .results import NARROWMM_FORMATS, NARROWMM_SYSTEMS, QUANTIZED_FORMATS, Limits, Result
 
 # ---- output ---------------------------------------------------------------------------
 
@@ -100,7 +100,7 @@ def format_summary(results: list[Result]) -> str:
         rs = [r for r in results if (r.cache, r.threads) == (cache, t)]
         peers = [r for r in rs if r.system not in NARROWMM_SYSTEMS]
         mine = [r for r in rs if r.system in NARROWMM_SYSTEMS and r.format in ("fp16", "bf16")]
-        lines += _fp8_summary(rs, cache, t)
+        lines += _quantized_summary(rs, cache, t)
         if not mine:
             continue
         lines.append(f"summary ({cache} cache, {t} thread(s)): narrowmm's faster layout of "
@@ -127,16 +127,16 @@ def format_summary(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def _fp8_summary(rs: list[Result], cache: str, t: int) -> list[str]:
-    """Per batch size: narrowmm's FP8 formats against its bf16, the faster layout of each,
-    shape by shape, in the same run."""
+def _quantized_summary(rs: list[Result], cache: str, t: int) -> list[str]:
+    """Per batch size: narrowmm's FP8 and GGUF formats against its bf16, the faster layout
+    of each, shape by shape, in the same run."""
     def best(fmt: str, shape: str, m: int) -> Result | None:
         hits = [r for r in rs if r.system in NARROWMM_SYSTEMS and
                 (r.format, r.shape, r.m) == (fmt, shape, m)]
         return min(hits, key=lambda r: r.median_ms) if hits else None
 
     lines: list[str] = []
-    for fmt in FP8_FORMATS:
+    for fmt in QUANTIZED_FORMATS:
         ms = sorted({r.m for r in rs if r.format == fmt and r.system in NARROWMM_SYSTEMS})
         if not ms or not any(r.format == "bf16" for r in rs):
             continue
@@ -208,7 +208,7 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
 PLOT_SERIES = (
     ("narrowmm", "bf16", "#08519c"), ("narrowmm", "fp16", "#3182bd"),
     ("narrowmm", "f32", "#31a354"), ("narrowmm", "e4m3fn", "#006d2c"),
-    ("narrowmm", "e5m2", "#74c476"),
+    ("narrowmm", "e5m2", "#74c476"), ("narrowmm", "q8_0", "#6baed6"),
     ("numpy-f32", "f32", "#525252"), ("numpy-upcast", "bf16", "#969696"),
     ("numpy-upcast", "fp16", "#bdbdbd"),
     ("ml_dtypes", "bf16", "#756bb1"), ("ml_dtypes", "e4m3fn", "#9e9ac8"),

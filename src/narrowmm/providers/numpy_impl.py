@@ -130,10 +130,26 @@ def encode_e5m2(values: np.ndarray, saturate: bool = False) -> np.ndarray:
                     0x7E)
 
 
+def decode_q8_0(bits: np.ndarray) -> np.ndarray:
+    return bits.view(np.int8).astype(np.float32)
+
+
+def encode_q8_0(values: np.ndarray, saturate: bool = False) -> np.ndarray:
+    """codec_scalar.h's nm_f32_to_q8_0: halves away from zero, clamped to [-128, 127],
+    NaN as 0 (``saturate`` changes nothing: the API checks the range)."""
+    a = np.nan_to_num(np.abs(values), nan=0.0, posinf=129.0)
+    a = np.minimum(a, np.float32(129))
+    whole = np.floor(a)
+    r = whole + (a - whole >= np.float32(0.5))
+    neg = np.signbit(values)
+    r = np.minimum(r, np.where(neg, np.float32(128), np.float32(127)))
+    return np.where(neg, -r, r).astype(np.int16).astype(np.int8).view(np.uint8)
+
+
 _DECODE = {"fp16": decode_fp16, "bf16": decode_bf16, "e4m3fn": decode_e4m3fn,
-           "e5m2": decode_e5m2}
+           "e5m2": decode_e5m2, "q8_0": decode_q8_0}
 _ENCODE = {"fp16": encode_fp16, "bf16": encode_bf16, "e4m3fn": encode_e4m3fn,
-           "e5m2": encode_e5m2}
+           "e5m2": encode_e5m2, "q8_0": encode_q8_0}
 
 
 def fma_rows(x64: np.ndarray, w_row: np.ndarray, c64: np.ndarray) -> np.ndarray:

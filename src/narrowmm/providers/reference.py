@@ -182,6 +182,23 @@ def f32_bits_to_e5m2(u: int, saturate: bool = False) -> int:
                             saturated=0x7B)
 
 
+def q8_0_to_f32_bits(q: int) -> int:
+    """GGUF Q8_0's code: the byte as a two's-complement integer."""
+    q &= 0xFF
+    return bits_from_f32(float(q - 256 if q >= 128 else q))
+
+
+def f32_bits_to_q8_0(u: int, saturate: bool = False) -> int:
+    """The nearest integer, halves away from zero, clamped to [-128, 127]; NaN gives 0
+    (the API refuses NaN and, unless saturating, values out of range)."""
+    sign, q = _split(u)
+    if q is None and u & 0x7FFFFFFF > _INF32:
+        return 0
+    r = 129 if q is None else int(q + Fraction(1, 2))  # floor(|x| + 1/2), exactly
+    r = min(r, 128 if sign else 127)
+    return (-r if sign else r) & 0xFF
+
+
 def mul_f32(a: float, b: float) -> float:
     """a * b rounded once to float32 (a, b float32 values; the double product is exact)."""
     with np.errstate(all="ignore"):
@@ -216,9 +233,11 @@ def fma_f32(a: float, b: float, c: float) -> float:
 # ---- kernels ------------------------------------------------------------------------
 
 _DECODERS = {"fp16": fp16_to_f32_bits, "bf16": bf16_to_f32_bits,
-             "e4m3fn": e4m3fn_to_f32_bits, "e5m2": e5m2_to_f32_bits}
+             "e4m3fn": e4m3fn_to_f32_bits, "e5m2": e5m2_to_f32_bits,
+             "q8_0": q8_0_to_f32_bits}
 _ENCODERS = {"fp16": f32_bits_to_fp16, "bf16": f32_bits_to_bf16,
-             "e4m3fn": f32_bits_to_e4m3fn, "e5m2": f32_bits_to_e5m2}
+             "e4m3fn": f32_bits_to_e4m3fn, "e5m2": f32_bits_to_e5m2,
+             "q8_0": f32_bits_to_q8_0}
 
 
 def _weight_values(bits: np.ndarray, fmt: Format,

@@ -156,11 +156,12 @@ class Linear(torch.nn.Module):
     def from_torch(cls, linear: torch.nn.Linear, format: str = "bf16", *,
                    pack: bool = True) -> Linear:
         """The layer of ``linear`` with its weights in ``format`` (``"bf16"``, ``"fp16"``,
-        ``"f32"``, ``"e4m3fn"`` or ``"e5m2"``): float32 weights are rounded to nearest even,
-        weights already in ``format`` are taken bit for bit. The FP8 formats get one scale
-        per output feature, its largest weight magnitude over the format's largest finite
-        value (:meth:`narrowmm.Weights.quantize`). ``pack`` stores the CPU's packed layout
-        (the same bits, faster at small batches)."""
+        ``"f32"``, ``"e4m3fn"``, ``"e5m2"`` or ``"q8_0"``): float32 weights are rounded to
+        nearest even, weights already in ``format`` are taken bit for bit. The FP8 formats
+        get one scale per output feature, its largest weight magnitude over the format's
+        largest finite value; ``q8_0`` gets GGUF's blocks of 32 input features
+        (:meth:`narrowmm.Weights.quantize`). ``pack`` stores the CPU's packed layout (the
+        same bits, faster at small batches)."""
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"from_torch takes a torch.nn.Linear, got {type(linear).__name__}")
         fmt = get_format(format)
@@ -172,8 +173,7 @@ class Linear(torch.nn.Module):
             if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
                 raise TypeError(f"weight dtype {weight.dtype} is not float32, bfloat16 or "
                                 "float16")
-            w = Weights.quantize(np.ascontiguousarray(weight.float().numpy().T), fmt,
-                                 "columns")
+            w = Weights.quantize(np.ascontiguousarray(weight.float().numpy().T), fmt)
             return cls(w.pack() if pack else w, bias)
         tw = _torch_weights(weight, fmt)
         return cls.from_weights(tw, bias, pack=pack)

@@ -154,7 +154,7 @@ def _feature_rows(full: TorchWeights, lo: int, hi: int, fmt: Format) -> Weights 
         return TorchWeights(rows, fmt, scales)
     values = TorchWeights(rows, full.format, scales).decode()
     if fmt.scaled:
-        return Weights.quantize(np.ascontiguousarray(values.T), fmt, "columns")
+        return Weights.quantize(np.ascontiguousarray(values.T), fmt)  # as convert does
     if fmt.name == "f32":
         return TorchWeights(values, fmt)
 
