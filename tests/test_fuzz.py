@@ -49,6 +49,19 @@ def test_fuzz_safetensors_loader(tmp_path):
     _fuzz("fuzz_safetensors.py", corpus)
 
 
+def test_fuzz_gguf_reader(tmp_path):
+    _need_atheris()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    sys.path.insert(0, str(FUZZ.parent))
+    try:
+        from test_gguf import gguf_file, valid_parts  # a valid file to start from
+    finally:
+        sys.path.pop(0)
+    (corpus / "valid").write_bytes(gguf_file(*valid_parts()))
+    _fuzz("fuzz_gguf.py", corpus)
+
+
 def test_fuzz_argument_validation(tmp_path):
     _need_atheris()
     corpus = tmp_path / "corpus"

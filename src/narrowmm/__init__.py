@@ -1,5 +1,5 @@
-"""narrowmm: float32 activations times FP16 / BF16 / FP8 weights on the CPU, fast and
-bit-for-bit reproducible.
+"""narrowmm: float32 activations times FP16 / BF16 / FP8 / GGUF Q8_0 weights on the CPU,
+fast and bit-for-bit reproducible.
 
 >>> import numpy as np, narrowmm as nm
 >>> w = nm.Weights.encode(np.ones((4, 3), np.float32), "bf16")
@@ -20,7 +20,14 @@ from ._threads import get_num_threads, set_num_threads
 from ._threads import init as _init_threads
 from ._version import __version__
 from ._weights import PackedWeights, TorchWeights, Weights
-from .checkpoints import SafetensorsError, SafetensorsFile, load_safetensors
+from .checkpoints import (
+    GGUFError,
+    GGUFFile,
+    SafetensorsError,
+    SafetensorsFile,
+    load_gguf,
+    load_safetensors,
+)
 from .providers import FallbackWarning, Provider, use_provider
 from .providers import providers as list_providers
 
@@ -31,6 +38,8 @@ __all__ = [
     "EnvironmentVariableError",
     "FallbackWarning",
     "Format",
+    "GGUFError",
+    "GGUFFile",
     "Linear",
     "PackedWeights",
     "Provider",
@@ -45,6 +54,7 @@ __all__ = [
     "get_format",
     "get_num_threads",
     "list_providers",
+    "load_gguf",
     "load_safetensors",
     "matmul",
     "runtime_info",

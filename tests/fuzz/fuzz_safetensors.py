@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 import atheris
-import numpy as np
+from _checkpoint import exercise
 
 with atheris.instrument_imports():  # narrowmm's code guides the fuzzer, not NumPy's
     import narrowmm as nm
@@ -75,15 +75,7 @@ def one_input(data: bytes) -> None:
         ckpt = nm.load_safetensors(PATH)
     except nm.SafetensorsError:
         return
-    for name in ckpt:
-        ckpt.array(name).tobytes()
-        try:
-            w = ckpt[name]
-        except nm.SafetensorsError:
-            continue
-        w.decode()
-        if w.shape[0] and w.shape[1]:
-            nm.Linear(w)(np.ones(w.in_features, np.float32))
+    exercise(ckpt, nm.SafetensorsError, nm)
 
 
 if __name__ == "__main__":

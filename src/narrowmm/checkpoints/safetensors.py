@@ -11,12 +11,10 @@ holes, and each byte range is exactly shape x item size. Nothing is read out of 
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import mmap
 import os
-import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -24,6 +22,7 @@ import numpy as np
 
 from .._scales import Scales
 from .._weights import TorchWeights
+from ._files import missing_tensor, open_regular_file
 
 MAX_HEADER_BYTES = 100_000_000  # the format's own limit
 _MAX_ARRAY_BYTES = 2**63 - 1  # NumPy's limit on an array's size in bytes (64-bit intp)
@@ -218,15 +217,8 @@ class SafetensorsFile(Mapping[str, TorchWeights]):
         if len(fp8_block) != 2 or any(not isinstance(b, int) or b <= 0 for b in fp8_block):
             raise ValueError(f"fp8_block must be two positive sizes, got {fp8_block!r}")
         self.fp8_block = tuple(fp8_block)
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) |
-                     getattr(os, "O_CLOEXEC", 0))
+        fd, _ = open_regular_file(self.path, SafetensorsError)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise _fail(self.path, "not a regular file (a FIFO, device, socket or "
-                                       "directory); a checkpoint must be a file")
-            if hasattr(os, "O_NONBLOCK"):
-                os.set_blocking(fd, True)
             f = os.fdopen(fd, "rb")
         except BaseException:
             os.close(fd)
@@ -253,10 +245,7 @@ class SafetensorsFile(Mapping[str, TorchWeights]):
         try:
             return self.info[name]
         except KeyError:
-            close = difflib.get_close_matches(name, list(self.info), n=5, cutoff=0.6)
-            hint = (f"; close matches: {', '.join(map(repr, close))}" if close
-                    else f"; it has {len(self.info)} tensors (list(file) names them)")
-            raise KeyError(f"{self.path}: no tensor named {name!r}{hint}") from None
+            raise missing_tensor(self.path, name, self.info) from None
 
     def release(self, name: str) -> None:
         """Tell the OS that the mapped pages of tensor ``name`` are not needed now.
