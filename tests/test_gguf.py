@@ -124,6 +124,35 @@ def test_round_trip_with_the_gguf_writer_and_reader(tmp_path, rng):
                      gguf.quants.dequantize(gguf.quants.quantize(q8, Q8_0), Q8_0))
 
 
+def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
+    """Q4_0 and Q4_1 tensors from gguf-py's writer: the codes regrouped into narrowmm's
+    pairs, the scales and offsets as stored; a type narrowmm does not compute on (Q4_K) is
+    listed, readable as bytes, and refused as weights."""
+    path = tmp_path / "q4.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    values = {name: rng.standard_normal((6, 96)).astype(np.float32) for name in ("a", "b")}
+    writer.add_tensor("a", gguf.quants.quantize(values["a"], gguf.GGMLQuantizationType.Q4_0),
+                      raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("b", gguf.quants.quantize(values["b"], gguf.GGMLQuantizationType.Q4_1),
+                      raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    writer.add_tensor("k", np.zeros((2, 144), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = nm.load_gguf(path)
+    for name, t in (("a", gguf.GGMLQuantizationType.Q4_0), ("b", gguf.GGMLQuantizationType.Q4_1)):
+        w = f[name]
+        assert w.shape == (6, 96) and w.format.name == t.name.lower()
+        assert_same_bits(w.decode(), gguf.quants.dequantize(f.array(name), t))
+        x = rng.standard_normal((2, 96)).astype(np.float32)
+        assert_same_bits(nm.Linear(w)(x), nm.matmul(x, w.transpose()))
+    assert f.info["k"].shape == (2, 256) and f.array("k").shape == (2, 144)
+    with pytest.raises(nm.GGUFError, match=r"'k' has ggml type Q4_K; narrowmm computes on "
+                                           r"F32, F16, Q4_0, Q4_1, Q8_0, BF16"):
+        f["k"]
+
+
 def test_the_type_table_agrees_with_the_gguf_package():
     """Every type's block size and bytes, against gguf-py's table, but Q8_1: ggml's
     block_q8_1 is two fp16 and 32 int8 (36 bytes, static_assert'ed in ggml-common.h),
@@ -168,9 +197,11 @@ def test_the_real_smollm2_file_reads_as_the_gguf_package_reads_it():
     want = gguf.quants.dequantize(f.array("token_embd.weight")[rows], Q8_0)
     got = nm.TorchWeights(emb.bits[rows], "q8_0", emb.scales.take_rows(1000, 1040)).decode()
     assert_same_bits(got, want)
-    with pytest.raises(nm.GGUFError, match=r"'blk\.0\.attn_q\.weight' has ggml type Q4_1; "
-                                           r"narrowmm computes on F32, F16, Q8_0, BF16"):
-        f["blk.0.attn_q.weight"]
+    for name in ("blk.0.attn_q.weight", "blk.29.ffn_down.weight"):  # Q4_1, two shapes
+        w = f[name]
+        assert w.format.name == "q4_1" and w.shape == f.info[name].shape
+        want = gguf.quants.dequantize(f.array(name), gguf.GGMLQuantizationType.Q4_1)
+        assert_same_bits(w.decode(), want)
     assert f.array("blk.0.attn_q.weight").shape == (576, 576 // 32 * 20)
 
 

@@ -177,4 +177,22 @@ static inline uint8_t nm_f32_to_q8_0(float f, int saturate) {
     return (uint8_t)(int8_t)(int32_t)(((uint32_t)r ^ neg) - neg);
 }
 
+/* ---- Q4_0 and Q4_1's codes (GGUF): 4 bits, two a byte, the low nibble first --------- */
+
+/* code -> raw value, exact: Q4_0 stands for q - 8 (then times the block's scale), Q4_1 for
+ * q (then fma with the block's scale and offset) */
+static inline float nm_q4_0_to_f32(unsigned q) { return (float)(q & 15u) - 8.0f; }
+static inline float nm_q4_1_to_f32(unsigned q) { return (float)(q & 15u); }
+
+/* raw value -> code, as GGUF's quantizers round: trunc(v + 8.5) (Q4_0) or trunc(v + 0.5)
+ * (Q4_1), the sum rounded to float32 first, then clamped to 0..15; NaN gives 0. The API
+ * refuses NaN and, unless saturating, values whose code falls outside. */
+static inline unsigned nm_nibble_code(float f) {
+    f = f > 0.0f ? f : 0.0f; /* NaN too */
+    f = f < 15.0f ? f : 15.0f;
+    return (unsigned)f;
+}
+static inline unsigned nm_f32_to_q4_0(float v) { return nm_nibble_code(v + 8.5f); }
+static inline unsigned nm_f32_to_q4_1(float v) { return nm_nibble_code(v + 0.5f); }
+
 #endif

@@ -20,12 +20,14 @@
 #include "threads.h"
 
 const nm_format_info nm_format_table[NM_FMT_COUNT] = {
-    [NM_FMT_F32] = {"f32", 4, 0, 0},
-    [NM_FMT_FP16] = {"fp16", 2, 0, 0},
-    [NM_FMT_BF16] = {"bf16", 2, 0, 0},
-    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8}, /* 15 - 7: binary16's bias against e4m3fn's */
-    [NM_FMT_E5M2] = {"e5m2", 1, 1, 0},     /* e5m2 is a binary16's top byte */
-    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0},     /* raw() is the int8 code itself */
+    [NM_FMT_F32] = {"f32", 4, 0, 0, 1, 0},
+    [NM_FMT_FP16] = {"fp16", 2, 0, 0, 1, 0},
+    [NM_FMT_BF16] = {"bf16", 2, 0, 0, 1, 0},
+    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8, 1, 0}, /* 15 - 7: binary16's bias against e4m3fn's */
+    [NM_FMT_E5M2] = {"e5m2", 1, 1, 0, 1, 0},     /* e5m2 is a binary16's top byte */
+    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0},     /* raw() is the int8 code itself */
+    [NM_FMT_Q4_0] = {"q4_0", 1, 1, 0, 2, 0},     /* raw() is q - 8 */
+    [NM_FMT_Q4_1] = {"q4_1", 1, 1, 0, 2, 1},     /* raw() is q, then fma with d and m */
 };
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of
@@ -67,23 +69,31 @@ typedef struct matmul_job {
     atomic_int failed;        /* a part could not allocate its buffer */
 } matmul_job;
 
-/* Rows p.. of the weights of columns j.. (j a multiple of NR when packed), and the stride
- * between those rows: the only place that knows the two layouts apart. */
+/* Rows p.. of the weights of columns j.. (j a multiple of NR when packed; p a multiple of
+ * the format's kpack), and the stride between stored rows: the only place that knows the
+ * two layouts apart. */
 static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, int64_t *ldb) {
     const int64_t itemsize = nm_format_table[job->fmt].itemsize;
+    const int64_t kpack = nm_format_table[job->fmt].kpack;
     if (!job->packed) {
         *ldb = job->ldb;
-        return job->b + p * job->ldb + j * itemsize;
+        return job->b + p / kpack * job->ldb + j * itemsize;
     }
     const int64_t nr = job->isa->nr;
     *ldb = nr * itemsize;
-    return job->b + nm_packed_offset(job->k, nr, itemsize, p, j);
+    return job->b + nm_packed_offset(job->k / kpack, nr, itemsize, p / kpack, j);
 }
 
 /* The scales of columns j.. for rows in the block of row p, or NULL without scales. */
 static const float *scales_at(const matmul_job *job, int64_t p, int64_t j) {
     const nm_scales *sc = job->scales;
     return sc ? sc->s + (p / sc->bk) * sc->ld + j : NULL;
+}
+
+/* The same for the offsets of a format with offsets, else NULL. */
+static const float *offsets_at(const matmul_job *job, int64_t p, int64_t j) {
+    const nm_scales *sc = job->scales;
+    return sc && sc->o ? sc->o + (p / sc->bk) * sc->ld + j : NULL;
 }
 
 /* Where a k range starting at row p must end: at most `len` rows on, and at the end of p's
@@ -145,7 +155,7 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
     const int64_t mr = isa->mr, nr = isa->nr, ldc = job->ldc;
     int64_t ldb;
     const uint8_t *b_sliver = weights_at(job, pc, jr, &ldb);
-    const float *s = scales_at(job, pc, jr);
+    const float *s = scales_at(job, pc, jr), *o = offsets_at(job, pc, jr);
     for (int64_t ic = 0; ic < mc; ic += mr) {
         float *c_tile = c_block + ic * ldc + jr;
         const float *c_next = ic + mr < mc ? c_tile + mr * ldc : c_after;
@@ -153,10 +163,10 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
         const int64_t rows = min64(mr, mc - ic);
         if (ic == 0 && w == nr) {
             isa->ukernel_pack[job->slot](kc, rows, ap, b_sliver, ldb, sliver, c_tile, ldc,
-                                        c_next, s);
+                                        c_next, s, o);
             continue;
         }
-        if (ic == 0) isa->pack[job->slot](kc, w, b_sliver, ldb, (int)nr, sliver, s);
+        if (ic == 0) isa->pack[job->slot](kc, w, b_sliver, ldb, (int)nr, sliver, s, o);
         isa->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
     }
 }
@@ -273,16 +283,17 @@ static void matmul_part(void *ctx, int part, int parts) {
             p1 = k_range_end(job, p0, job->k);
             int64_t ldb;
             const uint8_t *b = weights_at(job, p0, j0, &ldb);
-            const float *s = scales_at(job, p0, j0);
+            const float *s = scales_at(job, p0, j0), *o = offsets_at(job, p0, j0);
             if (rows == 1 && job->packed)
-                isa->gemv_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, b, c, s);
+                isa->gemv_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, b, c, s, o);
             else if (rows == 1)
-                isa->gemv[slot](p1 - p0, j1 - j0, a + p0, b, ldb, c, s);
+                isa->gemv[slot](p1 - p0, j1 - j0, a + p0, b, ldb, c, s, o);
             else if (job->packed)
                 isa->gemv2_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, job->lda, b, c,
-                                       job->ldc, s);
+                                       job->ldc, s, o);
             else
-                isa->gemv2[slot](p1 - p0, j1 - j0, a + p0, job->lda, b, ldb, c, job->ldc, s);
+                isa->gemv2[slot](p1 - p0, j1 - j0, a + p0, job->lda, b, ldb, c, job->ldc, s,
+                                 o);
         }
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
@@ -324,6 +335,11 @@ static int matmul_run(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, 
     /* a scaled format needs its scales, and only it takes them */
     if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
     if (scales && (scales->bk <= 0 || scales->ld < n || !scales->s)) return NM_EINVAL;
+    /* offsets exactly for the formats that have them */
+    if (scales && (nm_format_table[fmt].offset != 0) != (scales->o != NULL)) return NM_EINVAL;
+    /* two rows a byte: whole bytes of k, and blocks of scales that end on one */
+    const int64_t kpack = nm_format_table[fmt].kpack;
+    if (k % kpack || (scales && scales->bk < k && scales->bk % kpack)) return NM_EINVAL;
     if (m == 0 || n == 0) return NM_OK;
     const int slot = scales && scales->finite ? nm_finite_slot(fmt) : fmt;
     matmul_job job = {.isa = isa, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a, .lda = lda,

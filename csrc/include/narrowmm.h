@@ -22,6 +22,9 @@ typedef struct nm_scales {
     int64_t ld;
     int64_t bk;
     int finite;
+    /* a format with offsets (nm_format_info.offset: Q4_1): o[(p / bk) * ld + j], the same
+     * grid as s, added once: weight (p, j) = fma(raw(B[p][j]), s, o). NULL for the others */
+    const float *o;
 } nm_scales;
 
 /* C[m x n] (+)= A[m x k] @ W[k x n] under the fma-chain contract, W = decode(B) (times the

@@ -13,14 +13,20 @@ enum nm_format {
     NM_FMT_E4M3FN = 3, /* OCP FP8 E4M3 (ml_dtypes float8_e4m3fn): no infinities */
     NM_FMT_E5M2 = 4,   /* OCP FP8 E5M2 (ml_dtypes float8_e5m2): the top byte of a binary16 */
     NM_FMT_Q8_0 = 5,   /* GGUF Q8_0's int8 codes, with float32 scales (one per 32 rows) */
+    NM_FMT_Q4_0 = 6,   /* GGUF Q4_0's 4-bit codes q, two rows a byte: (q - 8) * scale */
+    NM_FMT_Q4_1 = 7,   /* GGUF Q4_1's 4-bit codes q, two rows a byte: fma(q, scale, offset) */
     NM_FMT_COUNT
 };
 
 typedef struct nm_format_info {
-    const char *name; /* the Python-side name: "f32", "fp16", "bf16", "e4m3fn", "e5m2", "q8_0" */
+    const char *name; /* the Python-side name: "f32", "fp16", "bf16", "e4m3fn", "e5m2", ... */
     int itemsize;     /* bytes per stored element */
     int scaled;       /* weights carry float32 scales (nm_scales); the kernels apply them */
     int scale_exponent; /* r: a scaled format's kernels take the scales times 2^r (nm_scales) */
+    int kpack;        /* rows of the matrix one stored row holds: 2 for the 4-bit formats,
+                       * whose byte (r, j) holds rows 2r (low nibble) and 2r + 1 (high) of
+                       * column j; k and the scales' blocks are then multiples of it */
+    int offset;       /* the weights also carry offsets (nm_scales.o): Q4_1 */
 } nm_format_info;
 
 extern const nm_format_info nm_format_table[NM_FMT_COUNT];

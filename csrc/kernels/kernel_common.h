@@ -62,8 +62,8 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  *   LOAD1(p): one weight;  SCV, SC1: the scales, as above. */
 #define NM_DEFINE_PACK(NAME, ITEM, L, LOADW, STOREF, LOAD1, SCV, SC1)                        \
     static void NAME(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,          \
-                     float *dst, const float *s) {                                           \
-        (void)s;                                                                             \
+                     float *dst, const float *s, const float *o) {                           \
+        (void)s, (void)o;                                                                    \
         for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                            \
             const int64_t w = nc - j0 < nr ? nc - j0 : nr;                                   \
             float *sliver = dst + (j0 / nr) * kc * nr;                                       \
@@ -113,9 +113,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 #define NM_DEFINE_GEMV_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,     \
                             LOAD1, SCV, SC1)                                                 \
     static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,    \
-                     float *c, const float *s) {                                             \
+                     float *c, const float *s, const float *o) {                             \
         enum { L_ = (L) };                                                                   \
-        (void)s;                                                                             \
+        (void)s, (void)o;                                                                    \
         int64_t p = 0;                                                                       \
         for (; p + 4 <= k; p += 4) {                                                         \
             const VEC a0 = SET1(a[p]), a1 = SET1(a[p + 1]);                                  \
@@ -217,7 +217,8 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         }                                                                                    \
     }                                                                                        \
     static void NAME(int64_t k, int64_t n, const float *a, int64_t lda, const uint8_t *b,    \
-                     int64_t ldb, float *c, int64_t ldc, const float *s) {                   \
+                     int64_t ldb, float *c, int64_t ldc, const float *s, const float *o) {   \
+        (void)o;                                                                             \
         int64_t p = 0;                                                                       \
         for (; p + 3 <= k; p += 3)                                                           \
             NAME##_rows_(3, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s);         \
@@ -327,7 +328,8 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, const uint8_t *b,     \
-                     float *c, const float *s) {                                             \
+                     float *c, const float *s, const float *o) {                             \
+        (void)o;                                                                             \
         NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s);             \
     }
 
@@ -340,7 +342,8 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, int64_t lda,          \
-                     const uint8_t *b, float *c, int64_t ldc, const float *s) {              \
+                     const uint8_t *b, float *c, int64_t ldc, const float *s, const float *o) { \
+        (void)o;                                                                             \
         NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s);        \
     }
 
@@ -401,7 +404,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  * c_next, s): a full MR-row tile straight on C, a shorter last one on a scratch copy. */
 #define NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)                                         \
     static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
-                     float *bp, float *c, int64_t ldc, const float *c_next, const float *s) { \
+                     float *bp, float *c, int64_t ldc, const float *c_next, const float *s,   \
+                     const float *o) {                                                       \
+        (void)o;                                                                             \
         if (mr == MR) {                                                                      \
             TILE(kc, ap, b, ldb, bp, c, ldc, c_next, s);                                     \
             return;                                                                          \
@@ -413,8 +418,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  * sliver, then run the microkernel on it. Same bits; the decode just is not overlapped. */
 #define NM_DEFINE_UKERNEL_PACK_BY_PARTS(NAME, PACK, UKERNEL, NR)                             \
     static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
-                     float *bp, float *c, int64_t ldc, const float *c_next, const float *s) { \
-        PACK(kc, (NR), b, ldb, (NR), bp, s);                                                 \
+                     float *bp, float *c, int64_t ldc, const float *c_next, const float *s,   \
+                     const float *o) {                                                       \
+        PACK(kc, (NR), b, ldb, (NR), bp, s, o);                                              \
         UKERNEL(kc, mr, (NR), ap, bp, c, ldc, c_next);                                       \
     }
 
@@ -433,5 +439,223 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         else                                                                                 \
             for (int64_t i = 0; i < n; ++i) dst[i] = FN(src[i], 0);                          \
     }
+
+/* ---- the 4-bit formats (Q4_0, Q4_1): two rows of the matrix a byte -------------------
+ * Byte (r, j) of the weights holds the codes of rows 2r (low nibble) and 2r + 1 (high
+ * nibble) of column j (nm_format_info.kpack = 2), so a column's codes stay byte-addressed
+ * and every template below reads L bytes of one stored row for 2 x L weights: the L low
+ * nibbles feed row 2r's chains, then the L high ones row 2r + 1's, p ascending as always.
+ * k is even; the frame cuts it at the scales' blocks (even too). A row gives:
+ *   NIBBLES(p, lo, hi)   the codes of L bytes at p, as float32 (exact), into VECs lo, hi
+ *   DEQ(q, sp, op)       the L weights of codes q with the scales at sp and offsets at op
+ *                        (op unused by a format without offsets: it may be NULL + j)
+ *   DEQ1(q, sp, op)      the same for one code (a float)
+ * and VEC, L, SET1, LOADC, STOREC, FMA as in NM_DEFINE_GEMV_SIMD. */
+#define NM_NIBBLE_LO(byte) ((float)((byte) & 15u))
+#define NM_NIBBLE_HI(byte) ((float)((byte) >> 4))
+
+/* the columns j.. of rows [0, k) one code at a time: the tail of every walk below */
+#define NM_NIBBLE_TAIL_(DEQ1, k, n, a, b, ldb, c, s, o, j)                                  \
+    for (; (j) < (n); ++(j)) {                                                               \
+        float c_ = (c)[j];                                                                   \
+        for (int64_t r_ = 0; r_ < (k) / 2; ++r_) {                                           \
+            const unsigned q_ = (b)[r_ * (ldb) + (j)];                                       \
+            c_ = fmaf((a)[2 * r_], DEQ1(NM_NIBBLE_LO(q_), (s) + (j), (o) + (j)), c_);       \
+            c_ = fmaf((a)[2 * r_ + 1], DEQ1(NM_NIBBLE_HI(q_), (s) + (j), (o) + (j)), c_);   \
+        }                                                                                    \
+        (c)[j] = c_;                                                                         \
+    }
+
+/* m == 1 and m == 2, row-major (nm_gemv_fn, nm_gemv2_fn): V vectors of columns at a time
+ * (4 for one row: a 64-byte line of a stored row on avx512; 2 for two rows), their C in
+ * registers down all k of the call (a block of scales: 32 rows in a GGUF file), then single
+ * vectors, then single codes. */
+#define NM_NIBBLE_ROWS_(VEC, L, V, RR, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ, k, a, lda, b,  \
+                        ldb, c, ldc, s, o, j)                                                \
+    do {                                                                                     \
+        VEC acc_[(RR) * (V)];                                                                \
+        _Pragma("GCC unroll 8") for (int i_ = 0; i_ < (RR) * (V); ++i_)                      \
+            acc_[i_] = LOADC((c) + (i_ / (V)) * (ldc) + (j) + (i_ % (V)) * (L));            \
+        for (int64_t r_ = 0; r_ < (k) / 2; ++r_) {                                           \
+            const uint8_t *q_ = (b) + r_ * (ldb) + (j);                                      \
+            _Pragma("GCC unroll 4") for (int v_ = 0; v_ < (V); ++v_) {                       \
+                VEC lo_, hi_;                                                                \
+                NIBBLES(q_ + v_ * (L), lo_, hi_);                                            \
+                const int64_t jj_ = (j) + v_ * (L);                                          \
+                const VEC wl_ = DEQ(lo_, (s) + jj_, (o) + jj_);                              \
+                const VEC wh_ = DEQ(hi_, (s) + jj_, (o) + jj_);                              \
+                _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) {                  \
+                    acc_[i_ * (V) + v_] = FMA(acc_[i_ * (V) + v_],                           \
+                                              SET1((a)[i_ * (lda) + 2 * r_]), wl_);          \
+                    acc_[i_ * (V) + v_] = FMA(acc_[i_ * (V) + v_],                           \
+                                              SET1((a)[i_ * (lda) + 2 * r_ + 1]), wh_);      \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        _Pragma("GCC unroll 8") for (int i_ = 0; i_ < (RR) * (V); ++i_)                      \
+            STOREC((c) + (i_ / (V)) * (ldc) + (j) + (i_ % (V)) * (L), acc_[i_]);            \
+    } while (0)
+
+#define NM_DEFINE_NIBBLE_GEMVS(FMT, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ,      \
+                               DEQ1)                                                         \
+    static void gemv_##FMT##_##ISA(int64_t k, int64_t n, const float *a, const uint8_t *b,  \
+                                   int64_t ldb, float *c, const float *s, const float *o) { \
+        (void)o;                                                                             \
+        int64_t j = 0;                                                                       \
+        for (; j + 4 * (L) <= n; j += 4 * (L))                                               \
+            NM_NIBBLE_ROWS_(VEC, L, 4, 1, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ, k, a, 0, b, \
+                            ldb, c, 0, s, o, j);                                             \
+        for (; j + (L) <= n; j += (L))                                                       \
+            NM_NIBBLE_ROWS_(VEC, L, 1, 1, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ, k, a, 0, b, \
+                            ldb, c, 0, s, o, j);                                             \
+        NM_NIBBLE_TAIL_(DEQ1, k, n, a, b, ldb, c, s, o, j)                                   \
+    }                                                                                        \
+    static void gemv2_##FMT##_##ISA(int64_t k, int64_t n, const float *a, int64_t lda,      \
+                                    const uint8_t *b, int64_t ldb, float *c, int64_t ldc,   \
+                                    const float *s, const float *o) {                       \
+        (void)o;                                                                             \
+        int64_t j = 0;                                                                       \
+        for (; j + 2 * (L) <= n; j += 2 * (L))                                               \
+            NM_NIBBLE_ROWS_(VEC, L, 2, 2, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ, k, a, lda,  \
+                            b, ldb, c, ldc, s, o, j);                                        \
+        for (; j + (L) <= n; j += (L))                                                       \
+            NM_NIBBLE_ROWS_(VEC, L, 1, 2, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ, k, a, lda,  \
+                            b, ldb, c, ldc, s, o, j);                                        \
+        const int64_t j0_ = j;                                                               \
+        NM_NIBBLE_TAIL_(DEQ1, k, n, a, b, ldb, c, s, o, j)                                   \
+        j = j0_;                                                                             \
+        NM_NIBBLE_TAIL_(DEQ1, k, n, a + lda, b, ldb, c + ldc, s, o, j)                       \
+    }
+
+/* m == 1 and m == 2 on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn): G slivers of
+ * NRW columns at a time, stored row r of sliver t at b + (t * ks / 2 + r) * NRW, their
+ * accumulators in registers down all k of the call; then single slivers; the last, narrower
+ * than NRW, on a zero-padded scratch copy of its C (its padding codes are read: zero bytes,
+ * with the padded scales and offsets; their results are dropped). */
+#define NM_NIBBLE_SLIVERS_(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ)  \
+    static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
+                            const uint8_t *b, float *c, int64_t ldc, const float *s,        \
+                            const float *o) {                                                \
+        enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
+        (void)o;                                                                             \
+        const int64_t sliver_ = ks / 2 * (NRW);                                              \
+        VEC acc_[(RR) * W_];                                                                 \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
+            acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
+        for (int64_t r = 0; r < k / 2; ++r) {                                                \
+            const uint8_t *row_ = b + r * (NRW);                                             \
+            VEC al_[RR], ah_[RR];                                                            \
+            _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_)                        \
+                al_[r_] = SET1(a[r_ * lda + 2 * r]), ah_[r_] = SET1(a[r_ * lda + 2 * r + 1]); \
+            _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                       \
+                const int64_t col_ = w_ / V_ * (NRW) + (w_ % V_) * (L);                      \
+                VEC lo_, hi_;                                                                \
+                NIBBLES(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L), lo_, hi_);               \
+                const VEC wl_ = DEQ(lo_, s + col_, o + col_);                                \
+                const VEC wh_ = DEQ(hi_, s + col_, o + col_);                                \
+                _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                  \
+                    acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], al_[r_], wl_);              \
+                    acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ah_[r_], wh_);              \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
+            STOREC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L), acc_[i_]); \
+    }
+
+#define NM_NIBBLE_PACKED_WALK_(NAME, RR, G, NRW, k, ks, n, a, lda, b, c, ldc, s, o)         \
+    do {                                                                                     \
+        const int64_t sliver = (ks) / 2 * (NRW);                                             \
+        int64_t j = 0;                                                                       \
+        for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
+            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL);   \
+        for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
+            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL);     \
+        if (j < (n)) {                                                                       \
+            _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
+            const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
+            for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
+            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) + j, (o) ? (o) + j : NULL);         \
+            for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
+        }                                                                                    \
+    } while (0)
+
+#define NM_DEFINE_NIBBLE_PACKED_GEMVS(FMT, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA, \
+                                      NIBBLES, DEQ)                                          \
+    NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_group_, 1, G, VEC, L, NRW, SET1, LOADC,   \
+                       STOREC, FMA, NIBBLES, DEQ)                                            \
+    NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_one_, 1, 1, VEC, L, NRW, SET1, LOADC,     \
+                       STOREC, FMA, NIBBLES, DEQ)                                            \
+    NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_group_, 2, G2, VEC, L, NRW, SET1, LOADC, \
+                       STOREC, FMA, NIBBLES, DEQ)                                            \
+    NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_one_, 2, 1, VEC, L, NRW, SET1, LOADC,    \
+                       STOREC, FMA, NIBBLES, DEQ)                                            \
+    static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
+                                          const uint8_t *b, float *c, const float *s,       \
+                                          const float *o) {                                  \
+        NM_NIBBLE_PACKED_WALK_(gemv_packed_##FMT##_##ISA, 1, G, NRW, k, ks, n, a, 0, b, c, 0, \
+                               s, o);                                                        \
+    }                                                                                        \
+    static void gemv2_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
+                                           int64_t lda, const uint8_t *b, float *c,         \
+                                           int64_t ldc, const float *s, const float *o) {   \
+        NM_NIBBLE_PACKED_WALK_(gemv2_packed_##FMT##_##ISA, 2, G2, NRW, k, ks, n, a, lda, b, c, \
+                               ldc, s, o);                                                   \
+    }
+
+/* Packing (nm_pack_fn) a kc x nc block into float32 slivers of width nr: stored row r gives
+ * sliver rows 2r and 2r + 1; whole vectors, then single codes, then zeros up to nr. */
+#define NM_DEFINE_NIBBLE_PACK(FMT, ISA, VEC, L, STOREF, NIBBLES, DEQ, DEQ1)                  \
+    static void pack_##FMT##_##ISA(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb,   \
+                                   int nr, float *dst, const float *s, const float *o) {    \
+        (void)o;                                                                             \
+        for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                            \
+            const int64_t w = nc - j0 < nr ? nc - j0 : nr;                                   \
+            float *sliver = dst + (j0 / nr) * kc * nr;                                       \
+            for (int64_t r = 0; r < kc / 2; ++r) {                                           \
+                const uint8_t *src = b + r * ldb + j0;                                       \
+                float *lo = sliver + 2 * r * nr, *hi = lo + nr;                              \
+                int64_t j = 0;                                                               \
+                for (; j + (L) <= w; j += (L)) {                                             \
+                    VEC ql_, qh_;                                                            \
+                    NIBBLES(src + j, ql_, qh_);                                              \
+                    STOREF(lo + j, DEQ(ql_, s + j0 + j, o + j0 + j));                        \
+                    STOREF(hi + j, DEQ(qh_, s + j0 + j, o + j0 + j));                        \
+                }                                                                            \
+                /* the last columns (fewer than L), one by one; the explicit bound keeps   \
+                 * GCC 12 from warning about an iteration past 2^62 that cannot happen */     \
+                for (int t_ = 0; t_ < (L) && j < w; ++t_, ++j) {                             \
+                    const unsigned q_ = src[j];                                              \
+                    lo[j] = DEQ1(NM_NIBBLE_LO(q_), s + j0 + j, o + j0 + j);                  \
+                    hi[j] = DEQ1(NM_NIBBLE_HI(q_), s + j0 + j, o + j0 + j);                  \
+                }                                                                            \
+                if (j < nr) { /* the padding columns */                                      \
+                    memset(lo + j, 0, (size_t)(nr - j) * sizeof(float));                     \
+                    memset(hi + j, 0, (size_t)(nr - j) * sizeof(float));                     \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+/* The single-code dequantizations, shared by every row (the vector ones are the row's). */
+#define NM_DEQ1_Q4_0(q, sp, op) (((q) - 8.0f) * *(sp))
+#define NM_DEQ1_Q4_1(q, sp, op) fmaf((q), *(sp), *(op))
+
+/* Every slot of both 4-bit formats on a row: the gemvs, the packed gemvs, packing, and the
+ * first tile as packing then the row's microkernel (UKERNEL; its NR is the row's). */
+#define NM_DEFINE_NIBBLE_FORMATS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA, NIBBLES,  \
+                                 DEQ_Q4_0, DEQ_Q4_1, UKERNEL)                                \
+    NM_DEFINE_NIBBLE_GEMVS(q4_0, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ_Q4_0,    \
+                           NM_DEQ1_Q4_0)                                                     \
+    NM_DEFINE_NIBBLE_GEMVS(q4_1, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ_Q4_1,    \
+                           NM_DEQ1_Q4_1)                                                     \
+    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,    \
+                                  NIBBLES, DEQ_Q4_0)                                         \
+    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,    \
+                                  NIBBLES, DEQ_Q4_1)                                         \
+    NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, STOREC, NIBBLES, DEQ_Q4_0, NM_DEQ1_Q4_0)         \
+    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, STOREC, NIBBLES, DEQ_Q4_1, NM_DEQ1_Q4_1)         \
+    NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_0_##ISA, pack_q4_0_##ISA, UKERNEL, NRW)   \
+    NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_1_##ISA, pack_q4_1_##ISA, UKERNEL, NRW)
 
 #endif

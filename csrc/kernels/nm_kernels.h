@@ -59,13 +59,13 @@ static inline int nm_finite_slot(int fmt) {
  * B element (p, j) is the itemsize bytes at b + p*ldb + j*itemsize (ldb in bytes; b needs
  * no alignment). a and c are float-aligned; c holds the chain's starting values. */
 typedef void (*nm_gemv_fn)(int64_t k, int64_t n, const float *a, const uint8_t *b,
-                           int64_t ldb, float *c, const float *s);
+                           int64_t ldb, float *c, const float *s, const float *o);
 
 /* m == 2, row-major: the gemv chains for two rows at once, row r of A at a + r*lda and of C
  * at c + r*ldc (float strides). Each weight is read once for both rows. */
 typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
                             const uint8_t *b, int64_t ldb, float *c, int64_t ldc,
-                            const float *s);
+                            const float *s, const float *o);
 
 /* m == 1 on packed weights (the row's sliver-major layout, see nm_matmul_packed): the same
  * chains as gemv over columns 0..n-1 of the slivers starting at b, sliver t holding rows of
@@ -76,14 +76,14 @@ typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
  * accumulators in registers for all of k and reads a few long contiguous streams, which the
  * hardware prefetchers follow. */
 typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
-                                  const uint8_t *b, float *c, const float *s);
+                                  const uint8_t *b, float *c, const float *s, const float *o);
 
 /* m == 2 on packed weights: the gemv_packed chains for two rows at once, row r of A at
  * a + r*lda and of C at c + r*ldc (float strides). Each weight is read once for both rows,
  * so two rows cost about what one does when the weights come from DRAM. */
 typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                    int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                                   const float *s);
+                                   const float *s, const float *o);
 
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]
@@ -91,7 +91,7 @@ typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float
  * only for a sliver narrower than NR (at most one per k block and thread: column ranges are
  * whole grains); whole slivers are decoded by ukernel_pack below. */
 typedef void (*nm_pack_fn)(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb, int nr,
-                           float *dst, const float *s);
+                           float *dst, const float *s, const float *o);
 
 /* Register-blocked microkernel on one mr x nr tile of C (mr <= MR, nr <= NR of its row):
  *     c[i*ldc + j] = fma(ap[p*MR + i], bp[p*NR + j], c[i*ldc + j])  for p = 0..kc-1
@@ -112,7 +112,7 @@ typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *a
  * same rows of B (a prefetch never faults) but reads only the kc x NR block. */
 typedef void (*nm_ukernel_pack_fn)(int64_t kc, int64_t mr, const float *ap, const uint8_t *b,
                                    int64_t ldb, float *bp, float *c, int64_t ldc,
-                                   const float *c_next, const float *s);
+                                   const float *c_next, const float *s, const float *o);
 
 /* Array codecs over n contiguous elements (no alignment needed): 16-bit formats, and the
  * 8-bit ones, whose encoder either follows ml_dtypes (saturate == 0) or clamps to the
@@ -175,7 +175,9 @@ typedef struct nm_isa_kernels {
      NM_SET_SLOT(row, slot, NM_FMT_BF16, slot##_bf16_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_E4M3FN, slot##_e4m3fn_##isa),                             \
      NM_SET_SLOT(row, slot, NM_FMT_E5M2, slot##_e5m2_##isa),                                 \
-     NM_SET_SLOT(row, slot, NM_FMT_Q8_0, slot##_q8_0_##isa))
+     NM_SET_SLOT(row, slot, NM_FMT_Q8_0, slot##_q8_0_##isa),                                 \
+     NM_SET_SLOT(row, slot, NM_FMT_Q4_0, slot##_q4_0_##isa),                                 \
+     NM_SET_SLOT(row, slot, NM_FMT_Q4_1, slot##_q4_1_##isa))
 
 /* The finite-weights slots (NM_SLOT_*_FINITE) from <slot>_<format>_finite_<isa>. */
 #define NM_SET_FINITE_SLOTS(row, slot, isa)                                                  \

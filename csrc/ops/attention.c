@@ -54,7 +54,7 @@ static void attend_row(const attention_job *job, const float *qi, const float *k
     }
     const int64_t span = hi - lo;
     memset(s, 0, (size_t)span * sizeof(float));
-    job->row->gemv[NM_FMT_F32](d, span, qi, (const uint8_t *)(kt + lo), lk * 4, s, NULL);
+    job->row->gemv[NM_FMT_F32](d, span, qi, (const uint8_t *)(kt + lo), lk * 4, s, NULL, NULL);
     float mx = -INFINITY;
     for (int64_t j = 0; j < span; ++j) {
         if (mask_row && !mask_row[lo + j]) continue;
@@ -73,7 +73,7 @@ static void attend_row(const attention_job *job, const float *qi, const float *k
     }
     memset(acc, 0, (size_t)d * sizeof(float));
     job->row->gemv[NM_FMT_F32](count, d, e, (const uint8_t *)(holes ? gather : vb + lo * d),
-                               d * 4, acc, NULL);
+                               d * 4, acc, NULL, NULL);
     for (int64_t x = 0; x < d; ++x) o[x] = acc[x] / sum;
 }
 

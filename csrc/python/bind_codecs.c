@@ -41,14 +41,18 @@ static PyObject *codec_call(PyObject *args, int encode) {
         PyBuffer_Release(&s);
         return NULL;
     }
+    /* a stored element holds kpack values (two codes a byte for the 4-bit formats) */
+    const Py_ssize_t per = nm_format_table[fmt].kpack;
     const Py_ssize_t in_size = encode ? 4 : item, out_size = encode ? item : 4;
+    const Py_ssize_t stored = encode ? d.len / out_size : s.len / in_size;
+    const Py_ssize_t values = encode ? s.len / in_size : d.len / out_size;
     PyObject *result = NULL;
-    if (s.len % in_size || d.len % out_size || s.len / in_size != d.len / out_size) {
+    if (s.len % in_size || d.len % out_size || values != stored * per) {
         PyErr_SetString(PyExc_ValueError, "source and destination sizes do not match");
     } else if (((uintptr_t)s.buf % in_size) || ((uintptr_t)d.buf % out_size)) {
         PyErr_SetString(PyExc_ValueError, "codec buffers must be aligned to their item size");
     } else {
-        const int64_t n = s.len / in_size;
+        const int64_t n = stored;
         Py_BEGIN_ALLOW_THREADS
         if (encode && item == 1)
             row->encode8[fmt]((const float *)s.buf, (uint8_t *)d.buf, n, saturate);

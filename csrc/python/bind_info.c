@@ -300,9 +300,10 @@ PyObject *py_formats(PyObject *self, PyObject *noargs) {
     PyObject *list = PyList_New(NM_FMT_COUNT);
     if (!list) return NULL;
     for (int i = 0; i < NM_FMT_COUNT; ++i) {
-        PyObject *t = Py_BuildValue("(isiii)", i, nm_format_table[i].name,
+        PyObject *t = Py_BuildValue("(isiiiii)", i, nm_format_table[i].name,
                                     nm_format_table[i].itemsize, nm_format_table[i].scaled,
-                                    nm_format_table[i].scale_exponent);
+                                    nm_format_table[i].scale_exponent, nm_format_table[i].kpack,
+                                    nm_format_table[i].offset);
         if (!t) {
             Py_DECREF(list);
             return NULL;

@@ -79,14 +79,17 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
         Py_BEGIN_ALLOW_THREADS
         const double t0 = now_seconds();
         nm_scales chunk_scales, *cs = NULL;
-        if (scales) { /* the scales of the chunk's columns */
+        if (scales) { /* the scales (and offsets) of the chunk's columns */
             chunk_scales = *scales;
             chunk_scales.s += j0;
+            if (chunk_scales.o) chunk_scales.o += j0;
             cs = &chunk_scales;
         }
         const float *cb = bias ? bias + j0 : NULL; /* the chunk's columns of the bias */
         status = packed ? nm_matmul_packed(row, fmt, m, w, k, ap, a->ld / 4,
-                                           bp + nm_packed_offset(k, align, bsize, 0, j0), cp + j0,
+                                           bp + nm_packed_offset(k / nm_format_table[fmt].kpack,
+                                                                 align, bsize, 0, j0),
+                                           cp + j0,
                                            c->ld / 4, accumulate, cb, cs)
                         : nm_matmul(row, fmt, m, w, k, ap, a->ld / 4, bp + j0 * bsize, b->ld,
                                     cp + j0, c->ld / 4, accumulate, cb, cs);
@@ -117,8 +120,10 @@ static const char *weights_accept(int fmt) {
 
 /* The scales argument of a matmul: None for a format without scales; for a scaled one a
  * (ceil(k / bk), ld) C-contiguous float32 array with ld >= min_ld in the kernels' form, bk
- * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). On success
- * *have says whether `sc` was filled (and `view` must be released). */
+ * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). A format
+ * with offsets (Q4_1) has them below the scales, as many rows: its array is twice as tall
+ * and its lower half is the offsets. On success *have says whether `sc` was filled (and `view`
+ * must be released). */
 static int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
                       int64_t min_ld, Py_buffer *view, nm_scales *sc, int *have) {
     *have = 0;
@@ -148,7 +153,8 @@ static int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k
         PyBuffer_Release(view);
         return -1;
     }
-    if (view->shape[0] < blocks || view->shape[1] < min_ld) {
+    const int64_t grids = nm_format_table[fmt].offset ? 2 : 1; /* scales, then offsets */
+    if (view->shape[0] < grids * blocks || view->shape[0] % grids || view->shape[1] < min_ld) {
         PyErr_Format(PyExc_ValueError,
                      "scales of shape (%lld, %lld) do not cover k=%lld in blocks of %lld rows "
                      "and %lld columns",
@@ -161,6 +167,7 @@ static int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k
     sc->ld = view->shape[1];
     sc->bk = bk;
     sc->finite = finite;
+    sc->o = grids == 2 ? sc->s + view->shape[0] / 2 * sc->ld : NULL; /* the lower half */
     *have = 1;
     return 0;
 }
@@ -248,16 +255,18 @@ PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (get_matrix(ao, "x", 0, 1, 4, "f", &a) < 0) goto done;
     if (get_matrix(bo, "weights", 0, 0, bsize, weights_accept(fmt), &b) < 0) goto done;
     if (get_matrix(co, "out", 1, 1, 4, "f", &c) < 0) goto done;
-    if (a.cols != b.rows || c.rows != a.rows || c.cols != b.cols) {
+    /* a 4-bit format's stored row holds kpack rows of the matrix */
+    const int64_t kpack = nm_format_table[fmt].kpack;
+    if (a.cols != b.rows * kpack || c.rows != a.rows || c.cols != b.cols) {
         PyErr_Format(PyExc_ValueError,
                      "shapes do not match: x (%lld, %lld) @ weights (%lld, %lld) -> out "
                      "(%lld, %lld)",
-                     (long long)a.rows, (long long)a.cols, (long long)b.rows,
+                     (long long)a.rows, (long long)a.cols, (long long)(b.rows * kpack),
                      (long long)b.cols, (long long)c.rows, (long long)c.cols);
         goto done;
     }
     result = run_with_scales_and_bias(fmt, &a, &b, &c, b.cols, 0, accumulate, so, bk, finite,
-                                      b.rows, b.cols, biaso);
+                                      a.cols, b.cols, biaso);
 done:
     release(&a);
     release(&b);
@@ -292,8 +301,9 @@ PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
                      (long long)b.cols, current_row->isa, (long long)nr);
         goto done;
     }
-    if (n < 0 || b.rows != (n + nr - 1) / nr * a.cols || (b.rows > 1 && b.ld != nr * bsize) ||
-        c.rows != a.rows || c.cols != n) {
+    const int64_t kpack = nm_format_table[fmt].kpack;
+    if (n < 0 || a.cols % kpack || b.rows != (n + nr - 1) / nr * (a.cols / kpack) ||
+        (b.rows > 1 && b.ld != nr * bsize) || c.rows != a.rows || c.cols != n) {
         PyErr_Format(PyExc_ValueError,
                      "shapes do not match: x (%lld, %lld) @ packed weights (%lld rows of %lld, "
                      "contiguous) for n=%lld -> out (%lld, %lld)",

@@ -45,7 +45,7 @@ static PyMethodDef methods[] = {
     {"isa_rows", py_isa_rows, METH_NOARGS, "Compiled rows: (name, supported, missing)."},
     {"set_isa", py_set_isa, METH_O, "Switch the ISA row (tests and benchmarks)."},
     {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},
-    {"formats", py_formats, METH_NOARGS, "The C format table: (code, name, itemsize, scaled, scale_exponent)."},
+    {"formats", py_formats, METH_NOARGS, "The C format table: (code, name, itemsize, scaled, scale_exponent, kpack, offset)."},
     {"set_num_threads", py_set_num_threads, METH_O, "Threads a call may use."},
     {"probe_fma", py_probe_fma, METH_VARARGS, "probe_fma(threads, iters) -> (flops, s)."},
     {"probe_read", py_probe_read, METH_VARARGS, "probe_read(threads, f32 buffer) -> s."},

@@ -185,7 +185,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
             for (int64_t j = 0; j < N; ++j)
                 for (int p = 0; p < K; ++p)
                     bpk[((j / nr) * K + p) * nr + j % nr] = b[1 + p * N + j];
-            const nm_scales scl = {sc, ld, K, finite};
+            const nm_scales scl = {sc, ld, K, finite, NULL};
             static const int64_t ms[] = {1, 2, 5};
             for (int packed = 0; packed < 2; ++packed)
                 for (size_t mi = 0; mi < 3; ++mi) {
@@ -204,6 +204,69 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
         }
     }
     free(b), free(bpk), free(sc), free(want), free(c);
+}
+
+/* The 4-bit formats: each of the 256 bytes (two codes) in every column position of one
+ * stored row (k = 2) under 4 scales, with an offset per column for Q4_1, so each output is
+ * fma(1, w_hi, fma(1, w_lo, 0)); the gemvs (m = 1, 2), the tiles (m = 5) and the packed
+ * layout each checked against it, and (x86) no subnormal operand on the way. */
+static void test_sweep_nibbles(const nm_isa_kernels *row) {
+    enum { N = 1024, K = 2 };
+    static const float scales[4] = {1.0f, 0.0078125f, -3.3f, 0x1p-60f};
+    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr;
+    uint8_t *b = xmalloc(N + 1), *bpk = xmalloc((size_t)ld);
+    float *sc = xmalloc((size_t)ld * 4), *off = xmalloc((size_t)ld * 4), *want = xmalloc(N * 4);
+    float *c = xmalloc(5 * N * 4);
+    const float a[5 * K] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    for (int fmt = NM_FMT_Q4_0; fmt <= NM_FMT_Q4_1; ++fmt) {
+        const int with_offsets = nm_format_table[fmt].offset;
+        memset(bpk, 0, (size_t)ld);
+        for (int64_t j = 0; j < ld; ++j) sc[j] = 1.0f, off[j] = 0.0f;
+        for (int j = 0; j < N; ++j) {
+            const unsigned q = (unsigned)j & 255u;
+            b[1 + j] = (uint8_t)q;
+            bpk[(j / nr) * nr + j % nr] = (uint8_t)q; /* k = 2: one stored row a sliver */
+            sc[j] = scales[j / 256];
+            off[j] = with_offsets ? 0.25f * (float)(j % 7) - 0.5f : 0.0f;
+            const float lo = (float)(q & 15u), hi = (float)(q >> 4);
+            const float wl = with_offsets ? fmaf(lo, sc[j], off[j]) : (lo - 8.0f) * sc[j];
+            const float wh = with_offsets ? fmaf(hi, sc[j], off[j]) : (hi - 8.0f) * sc[j];
+            want[j] = fmaf(1.0f, wh, fmaf(1.0f, wl, 0.0f));
+        }
+        const nm_scales scl = {sc, ld, K, 1, with_offsets ? off : NULL};
+        static const int64_t ms[] = {1, 2, 5};
+        for (int packed = 0; packed < 2; ++packed)
+            for (size_t mi = 0; mi < 3; ++mi) {
+                const int64_t m = ms[mi];
+#if defined(NM_HAVE_MXCSR)
+                _mm_setcsr(_mm_getcsr() & ~0x3Fu);
+#endif
+                int st = packed ? nm_matmul_packed(row, fmt, m, N, K, a, K, bpk, c, N, 0, NULL,
+                                                   &scl)
+                                : nm_matmul(row, fmt, m, N, K, a, K, b + 1, N, c, N, 0, NULL, &scl);
+                unsigned denormal = 0;
+#if defined(NM_HAVE_MXCSR)
+                denormal = _mm_getcsr() & 0x02u;
+#endif
+                long bad = 0;
+                for (int64_t i = 0; i < m; ++i)
+                    for (int j = 0; j < N; ++j) bad += !same(c[i * N + j], want[j]);
+                expect(st == NM_OK && bad == 0 && !denormal,
+                       "%s %s: nibble sweep m=%lld packed=%d: %ld differ%s", row->isa,
+                       nm_format_table[fmt].name, (long long)m, packed, bad,
+                       denormal ? ", a subnormal operand on the way" : "");
+            }
+        /* odd k, odd blocks of scales and missing offsets are refused */
+        const nm_scales odd = {sc, ld, 1, 1, with_offsets ? off : NULL};
+        const nm_scales no_off = {sc, ld, K, 1, with_offsets ? NULL : off};
+        expect(nm_matmul(row, fmt, 1, N, 1, a, K, b + 1, N, c, N, 0, NULL, &scl) == NM_EINVAL &&
+                   nm_matmul(row, fmt, 1, N, 4, a, K, b + 1, N, c, N, 0, NULL, &odd) == NM_EINVAL &&
+                   nm_matmul(row, fmt, 1, N, K, a, K, b + 1, N, c, N, 0, NULL, &no_off) ==
+                       NM_EINVAL,
+               "%s %s: odd k, odd blocks or wrong offsets accepted", row->isa,
+               nm_format_table[fmt].name);
+    }
+    free(b), free(bpk), free(sc), free(off), free(want), free(c);
 }
 
 static void test_sweep(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
@@ -226,6 +289,7 @@ static void test_sweep(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     }
     free(b), free(c), free(dec), free(h);
     test_sweep8(row, ref);
+    test_sweep_nibbles(row);
 }
 
 /* ---- no subnormal on the way ---------------------------------------------------------
@@ -244,6 +308,7 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
     const int threads = nm_get_num_threads();
     nm_set_num_threads(1); /* MXCSR is per thread: keep every part on this one */
     for (int fmt = NM_FMT_FP16; fmt < NM_FMT_COUNT; ++fmt) {
+        if (nm_format_table[fmt].kpack > 1) continue; /* the nibble sweep checks those */
         const int item = nm_format_table[fmt].itemsize, scaled = nm_format_table[fmt].scaled;
         const uint32_t codes = item == 2 ? 65536u : 256u;
         uint8_t *q = xmalloc((size_t)codes * item);
@@ -276,7 +341,7 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
         const float a[5 * K] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
         static const int64_t ms[] = {1, 2, 5};
         for (int finite = 0; finite <= scaled; ++finite) {
-            const nm_scales scl = {sc, ld, K, finite};
+            const nm_scales scl = {sc, ld, K, finite, NULL};
             for (int packed = 0; packed < 2; ++packed)
                 for (size_t mi = 0; mi < 3; ++mi) {
                     const int64_t m = ms[mi];
@@ -315,14 +380,21 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
                      int64_t n, int64_t k, int start, int threads) {
     const int accumulate = start == START_ACCUMULATE;
     const int64_t itemsize = nm_format_table[fmt].itemsize;
+    /* the 4-bit formats: two rows a stored row, so k and the blocks of scales even */
+    const int64_t kpack = nm_format_table[fmt].kpack;
+    k = (k + kpack - 1) / kpack * kpack;
+    const int64_t stored = k / kpack;
     /* scales for a scaled format: a block of 1, 4 or 128 rows, or one for all of k; the
      * row is padded to whole slivers of every row (96 columns) for the packed layout */
     static const int64_t blocks[] = {1, 4, 128, 1 << 30};
-    const int64_t bk = blocks[next_u64() % 4], sld = (n + 95) / 96 * 96 + 3;
+    const int64_t bk0 = blocks[next_u64() % 4], sld = (n + 95) / 96 * 96 + 3;
+    const int64_t bk = bk0 % kpack ? bk0 * kpack : bk0;
     const int64_t nblocks = k ? (k + bk - 1) / bk : 1;
     float *sv = xmalloc((size_t)(nblocks * sld) * 4);
     for (int64_t i = 0; i < nblocks * sld; ++i) sv[i] = 0x1p100f * (1.0f + next_float());
-    nm_scales scl = {sv, sld, bk, 0};
+    float *ov = xmalloc((size_t)(nblocks * sld) * 4); /* offsets, for a format with them */
+    for (int64_t i = 0; i < nblocks * sld; ++i) ov[i] = 0x1p100f * next_float();
+    nm_scales scl = {sv, sld, bk, 0, nm_format_table[fmt].offset ? ov : NULL};
     const nm_scales *scales = nm_format_table[fmt].scaled ? &scl : NULL;
     const int64_t lda = k + 3, ldb = (n + 5) * itemsize + 1, ldc = n + 4;
     float *a = xmalloc((size_t)(m * lda + 1) * 4);
@@ -337,8 +409,9 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
             if ((next_u64() & 255) == 0) v = (next_u64() & 1) ? INFINITY : 1e-40f;
             if (fmt == NM_FMT_F32) {
                 memcpy(b + p * ldb + 4 * j, &v, 4);
-            } else if (fmt == NM_FMT_Q8_0) { /* any code: small values would round to 0, +-1 */
-                b[p * ldb + j] = (uint8_t)next_u64();
+            } else if (fmt == NM_FMT_Q8_0 || kpack > 1) { /* any code: small values would
+                                                            round to 0, +-1 */
+                if (p < stored) b[p * ldb + j] = (uint8_t)next_u64();
             } else if (itemsize == 1) {
                 ref->encode8[fmt](&v, b + p * ldb + j, 1, 0);
             } else {
@@ -369,14 +442,14 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     /* the same weights in this row's packed layout: NR-column slivers of k contiguous rows,
      * in a buffer of exactly that size (the sanitizers see any read past it) */
     const int64_t nr = row->nr, slivers = (n + nr - 1) / nr;
-    const size_t pk_bytes = (size_t)(slivers * k * nr * itemsize);
+    const size_t pk_bytes = (size_t)(slivers * stored * nr * itemsize);
     uint8_t *bpk = xmalloc(pk_bytes ? pk_bytes : 1);
     memset(bpk, 0, pk_bytes);
     for (int64_t sl = 0; sl < slivers; ++sl)
-        for (int64_t p = 0; p < k; ++p)
+        for (int64_t p = 0; p < stored; ++p)
             for (int64_t j = sl * nr; j < n && j < sl * nr + nr; ++j)
-                memcpy(bpk + ((sl * k + p) * nr + j - sl * nr) * itemsize, b + p * ldb + j * itemsize,
-                       (size_t)itemsize);
+                memcpy(bpk + ((sl * stored + p) * nr + j - sl * nr) * itemsize,
+                       b + p * ldb + j * itemsize, (size_t)itemsize);
     nm_set_num_threads(1);
     int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate || bias,
                        NULL, scales);
@@ -405,7 +478,8 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
            "guard cells written; packed weights: %ld differ, %ld guard cells written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
            start, threads, (long long)bk, scl.finite, bad, guard, bad_pk, guard_pk);
-    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv), free(bias);
+    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv), free(ov),
+        free(bias);
 }
 
 static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {

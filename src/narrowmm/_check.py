@@ -13,6 +13,7 @@ import numpy as np
 
 from ._api import decode, encode, matmul
 from ._formats import FORMATS
+from ._scales import Scales
 from ._weights import Weights
 from .providers import clear_cache, use_provider
 from .providers.native import core, supported_isas, use_isa
@@ -57,6 +58,8 @@ def _encode_sample(fmt: str) -> str | None:
     modes = (False, True) if FORMATS[fmt].itemsize == 1 else (False,)
     if FORMATS[fmt].integer:  # codes hold no NaN, and only saturate takes every value
         values, modes = values[~np.isnan(values)], (True,)
+    if FORMATS[fmt].kpack > 1:  # two codes a byte: pairs of values
+        values = values[:values.size // 2 * 2].reshape(-1, 2)
     for saturate in modes:
         options = {"saturate": True} if saturate else {}
         got = encode(values, fmt, **options)
@@ -72,17 +75,21 @@ def _kernel_sweep(fmt: str, rows: int) -> str | None:
     """Every weight pattern times 1.0 into a zeroed C: equals the decoded value (+0 for
     -0; FP8 with the scale 1.0); rows=2 adds a zero-weighted row so the m > 1 (two-row
     gemv) path runs."""
+    f = FORMATS[fmt]
     bits = _all_codes(fmt)[None, :]
-    x = np.zeros((rows, 1), np.float32)
+    x = np.zeros((rows, f.kpack), np.float32)  # a 4-bit byte holds two rows: the first
     x[0, 0] = 1.0
-    got = matmul(x, Weights.from_bits(bits, fmt))[0]
-    want = decode(bits[0], fmt) + np.float32(0.0)
+    offsets = Scales.tensor(0.0) if f.offsets else None
+    got = matmul(x, Weights.from_bits(bits, fmt, offsets=offsets))[0]
+    want = decode(bits[0], fmt)
+    want = (want[:, 0] if f.kpack > 1 else want) + np.float32(0.0)
     return None if same_bits(got, want) else "kernel output differs from the decoded weights"
 
 
 def _parity(fmt: str) -> str | None:
     rng = np.random.default_rng(7)
     for m, k, n in ((1, 17, 33), (3, 9, 70), (5, 23, 7), (2, 300, 19)):
+        k += k % FORMATS[fmt].kpack  # two rows a byte: an even k
         x = rng.standard_normal((m, k)).astype(np.float32)
         w32 = rng.standard_normal((k, n)).astype(np.float32)
         # FP8 with one scale per column, as checkpoints carry them

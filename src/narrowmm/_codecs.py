@@ -24,10 +24,12 @@ def encode(values: np.ndarray, format: str | Format, *, saturate: bool = False) 
     e4m3fn, which has none: there it gives NaN (ml_dtypes' rule). ``saturate=True`` (the
     8-bit formats) clamps overflow, infinities included, to the largest finite value
     instead. A NaN stays a NaN keeping its sign (and, in the 16-bit formats, its top payload
-    bits). An integer format (``q8_0``: codes -128..127, no scale applied here) rounds
-    halves away from zero, as GGUF does; a NaN, or a value outside the codes without
-    ``saturate``, raises ValueError. Any shape; the result has the same shape.
-    docs/contracts.md lists each format's rules.
+    bits). An integer format rounds as GGUF does (no scale applied here): ``q8_0`` halves
+    away from zero to -128..127; ``q4_0`` and ``q4_1`` to ``trunc(v + 8.5) - 8`` and
+    ``trunc(v + 0.5)``, the sum in float32, within 16 codes, two a byte: their values' last
+    axis is 2 (the low nibble first) and the bits drop it. A NaN, or a value outside the
+    codes without ``saturate``, raises ValueError. Any shape; the result has the same
+    shape. docs/contracts.md lists each format's rules.
     """
     fmt = _codec_format(format)
     a = check_float32(values, "values")
@@ -35,20 +37,28 @@ def encode(values: np.ndarray, format: str | Format, *, saturate: bool = False) 
         raise TypeError("values must have native byte order")
     if saturate and fmt.itemsize != 1:
         raise ValueError(f"saturate applies to the FP8 formats, not {fmt.name!r}")
+    if fmt.kpack > 1 and (a.ndim == 0 or a.shape[-1] != fmt.kpack):
+        raise ValueError(f"{fmt.name} holds {fmt.kpack} codes a byte: values need a last axis "
+                         f"of {fmt.kpack}, got shape {a.shape}")
     if fmt.integer:
         _check_integer_range(a, fmt, saturate)
     flat = flat_aligned(a)
     _, kernel = resolve("encode", fmt)
     out = kernel.fn(flat, bool(saturate)) if fmt.itemsize == 1 else kernel.fn(flat)
-    return out.reshape(a.shape)
+    return out.reshape(a.shape[:-1] if fmt.kpack > 1 else a.shape)
 
 
 def _check_integer_range(a: np.ndarray, fmt: Format, saturate: bool) -> None:
     """An integer format's codes cannot hold NaN, nor (unless saturating) values that round
     outside ``[min_code, max_finite]``: name the first such value."""
-    with np.errstate(invalid="ignore"):
-        bad = np.isnan(a) if saturate else ~((a > fmt.min_code - 0.5)
-                                             & (a < fmt.max_finite + 0.5))
+    with np.errstate(invalid="ignore", over="ignore"):
+        if saturate:
+            bad = np.isnan(a)
+        elif fmt.code_bias:  # trunc(fl32(v + bias)) must be a code: the sum in (-1, 16)
+            biased = a + np.float32(fmt.code_bias)
+            bad = ~((biased > -1) & (biased < fmt.max_finite - fmt.min_code + 1))
+        else:
+            bad = ~((a > fmt.min_code - 0.5) & (a < fmt.max_finite + 0.5))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         value = float(a[where])
@@ -61,8 +71,9 @@ def _check_integer_range(a: np.ndarray, fmt: Format, saturate: bool) -> None:
 
 def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
     """Exact float32 values of bit patterns in ``format`` (uint16 for fp16/bf16, uint8 for
-    e4m3fn/e5m2/q8_0: the integer code, for q8_0); NaNs come back quiet. Scales are not
-    applied here (see :meth:`Weights.decode`)."""
+    e4m3fn/e5m2/q8_0/q4_0/q4_1: the integer a code stands for, for the GGUF formats, and
+    for the 4-bit ones a last axis of 2, the low nibble first); NaNs come back quiet.
+    Scales are not applied here (see :meth:`Weights.decode`)."""
     fmt = _codec_format(format)
     want = "uint16 (or int16/float16)" if fmt.itemsize == 2 else "uint8 (or int8)"
     if not isinstance(bits, np.ndarray):
@@ -72,4 +83,4 @@ def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
         raise TypeError(f"{fmt.name} bits must be {want}, got {bits.dtype}")
     flat = flat_aligned(bits).view(fmt.storage)
     _, kernel = resolve("decode", fmt)
-    return kernel.fn(flat).reshape(bits.shape)
+    return kernel.fn(flat).reshape(bits.shape + ((fmt.kpack,) if fmt.kpack > 1 else ()))

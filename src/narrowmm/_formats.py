@@ -32,11 +32,18 @@ class Format:
             scales must stay below ``2**(128 - r)``; docs/kernels.md says why).
         special_bits: the magnitude bits that every NaN/Inf code of the format has (a code
             with all of them set is NaN or Inf), or 0 when every code is finite.
-        integer: the codes are integers (``q8_0``): encoding rounds half away from zero, as
-            GGUF does, to ``[min_code, max_finite]``.
-        min_code: the smallest code of an integer format.
+        integer: the codes are integers (the GGUF formats): decoded, a code is the integer
+            it stands for, ``min_code`` to ``max_finite``; encoding rounds as GGUF does.
+        min_code: the smallest value a code of an integer format stands for.
+        code_bias: how an integer format's encoder rounds: 0 for halves away from zero
+            (Q8_0's ``roundf``), else ``trunc(fl32(v + code_bias))`` (GGUF's 4-bit
+            quantizers), then the codes' range.
         gguf_block: for a GGUF type, the input features a block holds (its scale's rows);
             ``Weights.quantize`` makes such blocks by default.
+        kpack: rows of the matrix one stored element holds: 2 for the 4-bit formats (the
+            low nibble row 2r, the high one row 2r + 1), so bits have ``k / 2`` rows.
+        offsets: the weights also carry offsets, a second grid of the scales' shape:
+            weight = fma(decode(q), scale, offset) (Q4_1).
     """
 
     name: str
@@ -53,7 +60,10 @@ class Format:
     special_bits: int = 0
     integer: bool = False
     min_code: float = 0.0
+    code_bias: float = 0.0
     gguf_block: int = 0
+    kpack: int = 1
+    offsets: bool = False
 
     @property
     def max_scale(self) -> float:
@@ -87,6 +97,14 @@ FORMATS: dict[str, Format] = {
         Format("q8_0", 5, 1, np.dtype(np.uint8), 0, 7, (),
                "GGUF Q8_0: int8 codes, a float32 (GGUF: fp16) scale per 32 input features",
                scaled=True, max_finite=127.0, integer=True, min_code=-128.0, gguf_block=32),
+        Format("q4_0", 6, 1, np.dtype(np.uint8), 0, 4, (),
+               "GGUF Q4_0: 4-bit codes, two rows a byte, (q - 8) times a scale per 32 inputs",
+               scaled=True, max_finite=7.0, integer=True, min_code=-8.0, code_bias=8.5,
+               gguf_block=32, kpack=2),
+        Format("q4_1", 7, 1, np.dtype(np.uint8), 0, 4, (),
+               "GGUF Q4_1: 4-bit codes, two rows a byte, q times a scale plus an offset per "
+               "32 inputs", scaled=True, max_finite=15.0, integer=True, min_code=0.0,
+               code_bias=0.5, gguf_block=32, kpack=2, offsets=True),
     )
 }
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._exact import fma_f32
+
 _F32 = np.dtype(np.float32)
 
 
@@ -133,13 +135,17 @@ class Scales:
         return f"Scales({self.kind}, grid={self.values.shape}, block={self.block})"
 
 
-def apply(decoded: np.ndarray, scales: Scales) -> np.ndarray:
-    """``fl32(decoded * scale)`` element by element for a ``(k, n)`` float32 matrix: the
-    weights a scaled format stands for (one float32 rounding each)."""
+def apply(decoded: np.ndarray, scales: Scales, offsets: Scales | None = None) -> np.ndarray:
+    """``fl32(decoded * scale)`` element by element for a ``(k, n)`` float32 matrix, or
+    ``fma(decoded, scale, offset)`` with offsets: the weights a scaled format stands for
+    (one float32 rounding each)."""
     k, n = decoded.shape
     if decoded.size == 0:  # nothing to scale; k may still be huge (2^62 x 0 in a file)
         return decoded
     grid, bk = scales.expanded((k, n), n)
     rows = np.arange(k) // bk
+    if offsets is not None:
+        ogrid, obk = offsets.expanded((k, n), n)
+        return fma_f32(decoded, grid[rows, :n], ogrid[np.arange(k) // obk, :n])
     with np.errstate(all="ignore"):
         return decoded * grid[rows, :n]

@@ -42,6 +42,53 @@ def checked_scales(fmt: Format, scales: Scales | None, shape: tuple[int, int],
     return scales
 
 
+def checked_offsets(fmt: Format, offsets: Scales | None, scales: Scales | None,
+                    shape: tuple[int, int]) -> Scales | None:
+    """The offsets of a format that has them (Q4_1): required, finite, and in the scales'
+    blocks; None (and refused if given) for the others."""
+    if not fmt.offsets:
+        if offsets is not None:
+            raise ValueError(f"format {fmt.name!r} takes no offsets")
+        return None
+    if offsets is None:
+        raise ValueError(f"{fmt.name} weights need their offsets (a Scales in the scales' "
+                         "blocks): weight = fma(q, scale, offset)")
+    if not isinstance(offsets, Scales):
+        raise TypeError(f"offsets must be a narrowmm.Scales, got {type(offsets).__name__}")
+    if scales is not None and offsets.block != scales.block:
+        raise ValueError(f"offsets in blocks of {offsets.block} do not match the scales' "
+                         f"{scales.block}")
+    offsets.check(shape, "weights")
+    if not np.isfinite(offsets.values).all():
+        raise ValueError(f"{fmt.name} offsets must be finite, got "
+                         f"{offsets.values[~np.isfinite(offsets.values)].flat[0]!r}")
+    return offsets
+
+
+def check_block_rows(fmt: Format, scales: Scales | None, k: int) -> None:
+    """A 4-bit format stores two rows a byte: its scales' blocks must hold whole bytes."""
+    if (fmt.kpack > 1 and scales is not None and 0 < scales.block[0] < k
+            and scales.block[0] % fmt.kpack):
+        raise ValueError(f"{fmt.name} stores {fmt.kpack} rows a byte: blocks of scales must "
+                         f"hold a multiple of {fmt.kpack} rows, got {scales.block[0]}")
+
+
+def stored_shape(fmt: Format, shape: tuple[int, ...], axis: int) -> tuple[int, int]:
+    """The matrix shape of bits of ``shape`` whose ``axis`` holds ``fmt.kpack`` rows of the
+    matrix per stored element (axis 0 for narrowmm's (k, n), 1 for PyTorch's (out, in))."""
+    out = list(shape)
+    out[axis] *= fmt.kpack
+    return out[0], out[1]
+
+
+def expand_pairs(values: np.ndarray, axis: int) -> np.ndarray:
+    """A 4-bit format's decoded pairs (bits' shape + (2,), low nibble first) as the matrix:
+    each element's two values become two consecutive rows along ``axis``."""
+    if axis == 0:  # (k/2, n, 2) -> (k/2, 2, n) -> (k, n)
+        return np.ascontiguousarray(values.transpose(0, 2, 1)).reshape(-1, values.shape[1])
+    return values.reshape(values.shape[0], -1)  # (out, in/2, 2) -> (out, in)
+
+
 class _KernelScales:
     """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
     once per row width, and whether the weights hold no NaN/Inf code (looked at once)."""
@@ -53,10 +100,14 @@ class _KernelScales:
         self._finite: bool | None = None
 
     def get(self, scales: Scales, fmt: Format, bits: np.ndarray, shape: tuple[int, int],
-            ld: int) -> tuple[np.ndarray, int, bool]:
+            ld: int, offsets: Scales | None = None) -> tuple[np.ndarray, int, bool]:
         if ld not in self._by_ld:
             grid, bk = scales.expanded(shape, ld)
             grid *= np.float32(2.0 ** fmt.scale_exponent)  # exact: checked_scales' bound
+            if offsets is not None:  # below the scales, as many rows (the binding splits it)
+                ogrid, _ = offsets.expanded(shape, ld)
+                ogrid[:, shape[1]:] = 0.0
+                grid = np.ascontiguousarray(np.concatenate([grid, ogrid]))
             self._by_ld[ld] = grid, bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
             special = np.uint8(fmt.special_bits)
@@ -86,6 +137,18 @@ def check_layout(a: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} has a negative row stride; pass numpy.ascontiguousarray(...)")
 
 
+def bits_array(bits: object, fmt: Format) -> np.ndarray:
+    """``bits`` as ``fmt``'s storage dtype, once its dtype and layout are checked."""
+    a = as_array(bits, "bits").view(np.ndarray)
+    if fmt.itemsize in (1, 2) and not (a.dtype.kind in "ui" and a.dtype.itemsize == fmt.itemsize):
+        kind = "uint16 or int16" if fmt.itemsize == 2 else "uint8 or int8"
+        raise TypeError(f"{fmt.name} bits must be {kind}, got {a.dtype}")
+    if fmt.itemsize == 4 and a.dtype not in (np.dtype(np.uint32), np.dtype(np.float32)):
+        raise TypeError(f"f32 bits must be uint32 or float32, got {a.dtype}")
+    check_layout(a, "bits")
+    return a.view(fmt.storage)
+
+
 class _ScaledMatrix:
     """What Weights and PackedWeights share about scales (both have ``scales``,
     ``format``, ``bits``, ``shape`` and a ``_KernelScales``)."""
@@ -98,7 +161,8 @@ class _ScaledMatrix:
         whether no weight is a NaN/Inf code. Made once per ``ld``; None without scales."""
         if self.scales is None:
             return None
-        return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld)
+        return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld,
+                                       self.offsets)
 
     def preset_kernel_scales(self, grid: np.ndarray, bk: int, finite: bool) -> None:
         """Hand over the kernels' form of the scales, made before from these same scales
@@ -110,6 +174,16 @@ class _ScaledMatrix:
         """The scales as the NumPy and reference providers take them: the grid
         :meth:`Scales.expanded` to n columns, and bk; None without scales."""
         return None if self.scales is None else self.scales.expanded(self.shape, self.shape[1])
+
+    def raw_rows(self, decoded: np.ndarray) -> np.ndarray:
+        """The (k, n) raw values (before scales) of these row-major bits as a codec decodes
+        them: for a 4-bit format (bits' shape + (2,)), each stored row's pairs as two rows."""
+        return expand_pairs(decoded, 0) if self.format.kpack > 1 else decoded
+
+    def provider_offsets(self) -> np.ndarray | None:
+        """The offsets in the same form (the grid only: its bk is the scales'), or None."""
+        return (None if self.offsets is None
+                else self.offsets.expanded(self.shape, self.shape[1])[0])
 
 
 class Weights(_ScaledMatrix):
@@ -141,7 +215,7 @@ class Weights(_ScaledMatrix):
         scales: the :class:`~narrowmm.Scales` of a scaled format, else None.
     """
 
-    __slots__ = ("_kernel_scales", "bits", "format", "scales")
+    __slots__ = ("_kernel_scales", "bits", "format", "offsets", "scales")
     packed = False  # row-major (PackedWeights: True)
 
     def __init__(self, array: object, format: str | Format | None = None,
@@ -170,26 +244,25 @@ class Weights(_ScaledMatrix):
         self.format: Format = fmt
         self.bits: np.ndarray = a.view(np.ndarray).view(fmt.storage)
         self.scales: Scales | None = checked_scales(fmt, scales, self.bits.shape)
+        self.offsets: Scales | None = None
         self._kernel_scales = _KernelScales()
 
     @classmethod
     def from_bits(cls, bits: object, format: str | Format,
-                  scales: Scales | None = None) -> Weights:
+                  scales: Scales | None = None, offsets: Scales | None = None) -> Weights:
         """Wrap raw bit patterns: uint16 (or int16) for fp16/bf16, uint8 (or int8) for
-        e4m3fn/e5m2/q8_0 (with their ``scales``, 1.0 if None), float32 or uint32 for f32."""
+        e4m3fn/e5m2/q8_0 (with their ``scales``, 1.0 if None), float32 or uint32 for f32.
+        The 4-bit formats (q4_0, q4_1) hold two rows a byte: ``(k / 2, n)`` uint8 bits,
+        byte ``(r, j)`` the codes of rows 2r (low nibble) and 2r + 1 (high nibble) of
+        column j; q4_1 also takes its ``offsets`` (a Scales in the scales' blocks)."""
         fmt = get_format(format)
-        a = as_array(bits, "bits").view(np.ndarray)
-        if fmt.itemsize in (1, 2) and not (a.dtype.kind in "ui"
-                                           and a.dtype.itemsize == fmt.itemsize):
-            kind = "uint16 or int16" if fmt.itemsize == 2 else "uint8 or int8"
-            raise TypeError(f"{fmt.name} bits must be {kind}, got {a.dtype}")
-        if fmt.itemsize == 4 and a.dtype not in (np.dtype(np.uint32), np.dtype(np.float32)):
-            raise TypeError(f"f32 bits must be uint32 or float32, got {a.dtype}")
-        check_layout(a, "bits")
         self = cls.__new__(cls)
         self.format = fmt
-        self.bits = a.view(fmt.storage)
-        self.scales = checked_scales(fmt, scales, self.bits.shape)
+        self.bits = bits_array(bits, fmt)
+        shape = stored_shape(fmt, self.bits.shape, 0)
+        self.scales = checked_scales(fmt, scales, shape)
+        self.offsets = checked_offsets(fmt, offsets, self.scales, shape)
+        check_block_rows(fmt, self.scales, shape[0])
         self._kernel_scales = _KernelScales()
         return self
 
@@ -220,10 +293,18 @@ class Weights(_ScaledMatrix):
         FP8: each block's scale is its largest magnitude over the format's largest finite
         value (1.0 for an all-zero block), and ``q = encode(values / scale, saturate=True)``.
 
-        ``q8_0``: GGUF's quantizer (``ggml-quants.c``, ``gguf.quants.quantize``), bit for
-        bit: in float32, ``d = amax / 127``, ``q = roundf(x * (1 / d))`` (0 where d is 0),
-        and the scale stored is ``d`` rounded to fp16, as a GGUF file stores it; a block
-        whose fp16 scale would overflow raises ValueError.
+        The GGUF formats: GGUF's quantizers (``ggml-quants.c``, ``gguf.quants.quantize``),
+        bit for bit, all in float32, 0 for ``1 / d`` where d is 0, and the scales (and
+        offsets) stored rounded to fp16, as a GGUF file stores them (a block whose fp16
+        scale would overflow raises ValueError):
+
+        - ``q8_0``: ``d = amax / 127``, ``q = roundf(x * (1 / d))``;
+        - ``q4_0``: ``d = max / -8`` (max: the value of largest magnitude, the first of
+          equals), ``q = min(15, trunc(x * (1 / d) + 8.5))``, standing for ``q - 8``;
+        - ``q4_1``: ``d = (max - min) / 15``, offset ``min``,
+          ``q = min(15, trunc((x - min) * (1 / d) + 0.5))``.
+
+        The 4-bit formats need an even k (two rows a byte).
 
         Args:
             values: float32 (k, n), finite.
@@ -259,6 +340,8 @@ class Weights(_ScaledMatrix):
         mag = np.zeros((kb * rows_b, nb * cols_b), np.float32)
         mag[:k, :n] = np.abs(a)
         amax = mag.reshape(kb, rows_b, nb, cols_b).max(axis=(1, 3))
+        if fmt.kpack > 1:
+            return _quantize_gguf_4bit(cls, a, fmt, (bk, bn), (kb, rows_b, nb, cols_b))
         if fmt.integer:
             return _quantize_gguf_symmetric(cls, a, fmt, amax, (bk, bn))
         grid = np.where(amax > 0, amax / np.float32(fmt.max_finite), np.float32(1))
@@ -273,7 +356,7 @@ class Weights(_ScaledMatrix):
     @property
     def shape(self) -> tuple[int, int]:
         """(k, n): input features by output features."""
-        return self.bits.shape  # type: ignore[return-value]
+        return stored_shape(self.format, self.bits.shape, 0)
 
     @property
     def nbytes(self) -> int:
@@ -282,12 +365,15 @@ class Weights(_ScaledMatrix):
 
     def decode(self) -> np.ndarray:
         """The exact float32 weights as a new (k, n) array (with their scales applied:
-        ``fl32(decode(q) * scale)`` for a scaled format)."""
+        ``fl32(decode(q) * scale)`` for a scaled format, ``fma(decode(q), scale, offset)``
+        with offsets)."""
 
         if self.format.name == "f32":
             return np.array(self.bits, dtype=np.float32)
         values = decode(self.bits, self.format)
-        return values if self.scales is None else apply(values, self.scales)
+        if self.format.kpack > 1:
+            values = expand_pairs(values, 0)
+        return values if self.scales is None else apply(values, self.scales, self.offsets)
 
     def pack(self) -> PackedWeights:
         """A copy in the native ISA row's packed layout, for faster calls with the same bits.
@@ -305,7 +391,7 @@ class Weights(_ScaledMatrix):
 
         c = checked_core()
         return PackedWeights(pack_slivers(self.bits, int(c.pack_width())), self.shape[1],
-                             self.format, c.isa(), self.scales)
+                             self.format, c.isa(), self.scales, self.offsets)
 
     def __repr__(self) -> str:
         k, n = self.shape
@@ -340,6 +426,48 @@ def _quantize_gguf_symmetric(cls: type[Weights], a: np.ndarray, fmt: Format,
         codes = roundf(a * inv[rows][:, cols])
     bits = codes.astype(np.int8).view(np.uint8)
     return cls.from_bits(bits, fmt, Scales(d16.astype(np.float32), block))
+
+
+def _quantize_gguf_4bit(cls: type[Weights], a: np.ndarray, fmt: Format,
+                        block: tuple[int, int], grid: tuple[int, int, int, int]) -> Weights:
+    """Weights.quantize for GGUF's 4-bit types (Q4_0, Q4_1): per block, the float32 scale
+    (and offset) set the codes; their fp16 roundings are what is stored."""
+    k, n = a.shape
+    if k % fmt.kpack:
+        raise ValueError(f"{fmt.name} stores {fmt.kpack} rows a byte: k must be even, got {k}")
+    kb, rows_b, nb, cols_b = grid
+    shape4 = (kb, rows_b, nb, cols_b)
+
+    def blocks_of(fill: float) -> np.ndarray:
+        """a in the (kb, bk, nb, bn) grid, the cells past the matrix set to ``fill``."""
+        out = np.full((kb * rows_b, nb * cols_b), fill, np.float32)
+        out[:k, :n] = a
+        return out.reshape(shape4)
+
+    with np.errstate(all="ignore"):
+        if fmt.offsets:  # Q4_1: from the block's minimum over 15 steps
+            hi = blocks_of(-np.inf).max(axis=(1, 3))
+            lo = blocks_of(np.inf).min(axis=(1, 3))
+            d = ((hi - lo) / np.float32(15)).astype(np.float32)
+        else:  # Q4_0: the value of largest magnitude (the first of equals) is -8 steps
+            cells = blocks_of(0.0).transpose(0, 2, 1, 3).reshape(kb, nb, rows_b * cols_b)
+            first = np.abs(cells).argmax(axis=2)
+            d = (np.take_along_axis(cells, first[..., None], 2)[..., 0]
+                 / np.float32(-8)).astype(np.float32)
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        d16 = d.astype(np.float16)
+    if not np.isfinite(d16).all():
+        raise ValueError(f"{fmt.name}: a block's range makes a scale past fp16's range "
+                         f"({float(d[~np.isfinite(d16)].flat[0])!r})")
+    rows = np.arange(k) // (block[0] or max(k, 1))
+    cols = np.zeros(n, np.intp) if block[1] == 0 else np.arange(n) // block[1]
+    with np.errstate(all="ignore"):
+        base = a - lo[rows][:, cols] if fmt.offsets else a
+        raw = (base * inv[rows][:, cols]).astype(np.float32)  # what the codes round
+    pairs = np.ascontiguousarray(raw.reshape(k // 2, 2, n).transpose(0, 2, 1))
+    bits = encode(pairs, fmt, saturate=True)  # GGUF clamps the codes to 0..15
+    offsets = Scales(lo.astype(np.float16).astype(np.float32), block) if fmt.offsets else None
+    return cls.from_bits(bits, fmt, Scales(d16.astype(np.float32), block), offsets)
 
 
 # The packed layout, written once on this side (csrc/frame/matmul.c's packed_weights_at is
@@ -386,12 +514,12 @@ class PackedWeights(_ScaledMatrix):
         sliver_rows: the same memory as ``(slivers * k, width)``, as the C core takes it.
     """
 
-    __slots__ = ("_kernel_scales", "_n", "bits", "format", "isa", "scales", "sliver_rows",
-                 "width")
+    __slots__ = ("_kernel_scales", "_n", "bits", "format", "isa", "offsets", "scales",
+                 "sliver_rows", "width")
     packed = True
 
     def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str,
-                 scales: Scales | None = None) -> None:
+                 scales: Scales | None = None, offsets: Scales | None = None) -> None:
         self.bits: np.ndarray = bits
         # the view the native binding takes, made once, not per call
         self.sliver_rows: np.ndarray = bits.reshape(-1, bits.shape[2])
@@ -400,12 +528,13 @@ class PackedWeights(_ScaledMatrix):
         self.width: int = bits.shape[2]
         self.isa: str = isa
         self.scales: Scales | None = checked_scales(format, scales, self.shape)
+        self.offsets: Scales | None = checked_offsets(format, offsets, self.scales, self.shape)
         self._kernel_scales = _KernelScales()
 
     @property
     def shape(self) -> tuple[int, int]:
         """(k, n): input features by output features."""
-        return self.bits.shape[1], self._n
+        return self.bits.shape[1] * self.format.kpack, self._n
 
     @property
     def nbytes(self) -> int:
@@ -414,7 +543,8 @@ class PackedWeights(_ScaledMatrix):
 
     def unpack(self) -> Weights:
         """The row-major :class:`Weights` again (a new array)."""
-        return Weights.from_bits(unpack_slivers(self.bits, self._n), self.format, self.scales)
+        return Weights.from_bits(unpack_slivers(self.bits, self._n), self.format, self.scales,
+                                 self.offsets)
 
     def decode(self) -> np.ndarray:
         """The exact float32 values as a new (k, n) array."""
@@ -446,14 +576,18 @@ class TorchWeights:
             in_features)`` orientation; None for the others.
     """
 
-    __slots__ = ("bits", "format", "scales")
+    __slots__ = ("bits", "format", "offsets", "scales")
 
     def __init__(self, bits: np.ndarray, format: str | Format,
-                 scales: Scales | None = None) -> None:
-        w = Weights.from_bits(bits, format)  # the same checks on dtype and layout
-        self.bits: np.ndarray = w.bits
-        self.format: Format = w.format
-        self.scales: Scales | None = checked_scales(w.format, scales, w.bits.shape)
+                 scales: Scales | None = None, offsets: Scales | None = None) -> None:
+        fmt = get_format(format)
+        self.bits: np.ndarray = bits_array(bits, fmt)  # a 4-bit format: pairs along `in`
+        self.format: Format = fmt
+        shape = stored_shape(fmt, self.bits.shape, 1)
+        self.scales: Scales | None = checked_scales(fmt, scales, shape)
+        self.offsets: Scales | None = checked_offsets(fmt, offsets, self.scales, shape)
+        check_block_rows(fmt, None if self.scales is None else self.scales.transpose(),
+                         shape[1])
 
     @classmethod
     def wrap(cls, array: object) -> TorchWeights:
@@ -465,7 +599,7 @@ class TorchWeights:
     @property
     def shape(self) -> tuple[int, int]:
         """(out_features, in_features)."""
-        return self.bits.shape  # type: ignore[return-value]
+        return stored_shape(self.format, self.bits.shape, 1)
 
     @property
     def out_features(self) -> int:
@@ -473,7 +607,7 @@ class TorchWeights:
 
     @property
     def in_features(self) -> int:
-        return self.bits.shape[1]
+        return self.bits.shape[1] * self.format.kpack
 
     @property
     def nbytes(self) -> int:
@@ -483,10 +617,13 @@ class TorchWeights:
     def _kn_scales(self) -> Scales | None:
         return None if self.scales is None else self.scales.transpose()
 
+    def _kn_offsets(self) -> Scales | None:
+        return None if self.offsets is None else self.offsets.transpose()
+
     def transpose(self) -> Weights:
         """narrowmm's ``(in_features, out_features)`` :class:`Weights`: a transposed copy."""
         return Weights.from_bits(np.ascontiguousarray(self.bits.T), self.format,
-                                 self._kn_scales())
+                                 self._kn_scales(), self._kn_offsets())
 
     def pack(self) -> PackedWeights:
         """The native ISA row's packed layout (:meth:`Weights.pack`), built straight from
@@ -494,11 +631,15 @@ class TorchWeights:
 
         c = checked_core()
         return PackedWeights(pack_slivers(self.bits.T, int(c.pack_width())),
-                             self.out_features, self.format, c.isa(), self._kn_scales())
+                             self.out_features, self.format, c.isa(), self._kn_scales(),
+                             self._kn_offsets())
 
     def decode(self) -> np.ndarray:
         """The exact float32 weights as a new ``(out_features, in_features)`` array (scales
         applied)."""
+        if self.format.kpack > 1:  # the pairs run along in_features here
+            values = expand_pairs(decode(self.bits, self.format), 1)
+            return values if self.scales is None else apply(values, self.scales, self.offsets)
         return Weights.from_bits(self.bits, self.format, self.scales).decode()
 
     def __repr__(self) -> str:

@@ -215,6 +215,22 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx2, tile_pack_e5m2_finite, 1,
                        load8_e5m2_finite, SCALE8)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_avx2, tile_pack_q8_0, 1, load8_q8_0, SCALE8)
 
+/* ---- the 4-bit formats (kernel_common.h): 8 bytes, 16 codes, two rows --------------- */
+
+static inline void nibbles8(const uint8_t *p, __m256 *lo, __m256 *hi) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    *lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))); /* exact */
+    *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+}
+#define NIBBLES8(p, lo, hi) nibbles8((p), &(lo), &(hi))
+/* (q - 8) * d and fma(q, d, m): q - 8 is exact, and so is each product */
+#define DEQ8_Q4_0(q, sp, op) _mm256_mul_ps(_mm256_sub_ps(q, _mm256_set1_ps(8.0f)), _mm256_loadu_ps(sp))
+#define DEQ8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, _mm256_loadu_ps(sp), _mm256_loadu_ps(op))
+/* packed: two 24-column slivers at a time for one row (6 accumulators), one for two */
+NM_DEFINE_NIBBLE_FORMATS(avx2, __m256, 8, NR, 2, 1, _mm256_set1_ps, _mm256_loadu_ps,
+                         _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, DEQ8_Q4_1,
+                         ukernel_4x24_avx2)
+
 /* ---- codecs ------------------------------------------------------------------------- */
 
 static void decode_fp16_avx2(const uint16_t *src, float *dst, int64_t n) {

@@ -185,6 +185,19 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_neon, tile_pack_e5m2_finite, 1,
                        load4_e5m2_finite, SCALE4)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_neon, tile_pack_q8_0, 1, load4_q8_0, SCALE4)
 
+/* ---- the 4-bit formats (kernel_common.h): 4 bytes, 8 codes, two rows (4 bytes read) - */
+
+static inline void nibbles4(const uint8_t *p, float32x4_t *lo, float32x4_t *hi) {
+    const uint32x4_t v = vmovl_u16(load4_u8_as_u16(p));
+    *lo = vcvtq_f32_u32(vandq_u32(v, vdupq_n_u32(15))); /* exact */
+    *hi = vcvtq_f32_u32(vshrq_n_u32(v, 4));
+}
+#define NIBBLES4(p, lo, hi) nibbles4((p), &(lo), &(hi))
+#define DEQ4_Q4_0(q, sp, op) vmulq_f32(vsubq_f32(q, vdupq_n_f32(8.0f)), vld1q_f32(sp))
+#define DEQ4_Q4_1(q, sp, op) vfmaq_f32(vld1q_f32(op), q, vld1q_f32(sp))
+NM_DEFINE_NIBBLE_FORMATS(neon, float32x4_t, 4, NR, 4, 2, vdupq_n_f32, vld1q_f32, vst1q_f32,
+                         vfmaq_f32, NIBBLES4, DEQ4_Q4_0, DEQ4_Q4_1, ukernel_8x8_neon)
+
 /* ---- codecs ------------------------------------------------------------------------- */
 
 static void decode_fp16_neon(const uint16_t *src, float *dst, int64_t n) {

@@ -11,8 +11,8 @@
 /* One definition of each gemv: straight i-p-j, B streamed row by row exactly once. */
 #define NM_DEFINE_GEMV(NAME, LOAD)                                                         \
     static void NAME(int64_t k, int64_t n, const float *a, const uint8_t *b, int64_t ldb,  \
-                     float *c, const float *s) {                                           \
-        (void)s;                                                                           \
+                     float *c, const float *s, const float *o) {                           \
+        (void)s, (void)o;                                                                  \
         for (int64_t p = 0; p < k; ++p) {                                                  \
             const float ap = a[p];                                                         \
             const uint8_t *row = b + p * ldb;                                              \
@@ -122,6 +122,25 @@ NM_DEFINE_ENCODE8_LOOP(encode_e5m2_scalar, nm_f32_to_e5m2)
 NM_DEFINE_CODEC_LOOP(decode_q8_0_scalar, uint8_t, float, nm_q8_0_to_f32)
 NM_DEFINE_ENCODE8_LOOP(encode_q8_0_scalar, nm_f32_to_q8_0)
 
+/* The 4-bit formats (kernel_common.h): one column at a time. */
+#define NIBBLES1(p, lo, hi) ((lo) = NM_NIBBLE_LO(*(p)), (hi) = NM_NIBBLE_HI(*(p)))
+NM_DEFINE_NIBBLE_FORMATS(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1, FMAF_ACC,
+                         NIBBLES1, NM_DEQ1_Q4_0, NM_DEQ1_Q4_1, ukernel_4x8_scalar)
+
+/* their codecs: n bytes, 2n values, the low nibble first */
+#define NM_DEFINE_NIBBLE_CODECS(FMT)                                                         \
+    static void decode_##FMT##_scalar(const uint8_t *src, float *dst, int64_t n) {           \
+        for (int64_t i = 0; i < n; ++i)                                                      \
+            dst[2 * i] = nm_##FMT##_to_f32(src[i]), dst[2 * i + 1] = nm_##FMT##_to_f32(src[i] >> 4); \
+    }                                                                                        \
+    static void encode_##FMT##_scalar(const float *src, uint8_t *dst, int64_t n, int saturate) { \
+        (void)saturate; /* codes always clamp: the API checks the range */                   \
+        for (int64_t i = 0; i < n; ++i)                                                      \
+            dst[i] = (uint8_t)(nm_f32_to_##FMT(src[2 * i]) | nm_f32_to_##FMT(src[2 * i + 1]) << 4); \
+    }
+NM_DEFINE_NIBBLE_CODECS(q4_0)
+NM_DEFINE_NIBBLE_CODECS(q4_1)
+
 /* 8 independent scalar chains; the multiplier keeps values bounded and exact-free. */
 static float probe_fma_scalar(int64_t iters) {
     float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -174,6 +193,10 @@ void nm_fill_row_scalar(nm_isa_kernels *row) {
     NM_SET_SLOT(row, encode8, NM_FMT_E5M2, encode_e5m2_scalar);
     NM_SET_SLOT(row, decode8, NM_FMT_Q8_0, decode_q8_0_scalar);
     NM_SET_SLOT(row, encode8, NM_FMT_Q8_0, encode_q8_0_scalar);
+    NM_SET_SLOT(row, decode8, NM_FMT_Q4_0, decode_q4_0_scalar);
+    NM_SET_SLOT(row, encode8, NM_FMT_Q4_0, encode_q4_0_scalar);
+    NM_SET_SLOT(row, decode8, NM_FMT_Q4_1, decode_q4_1_scalar);
+    NM_SET_SLOT(row, encode8, NM_FMT_Q4_1, encode_q4_1_scalar);
     row->probe_fma = probe_fma_scalar;
     row->probe_fma_flops = 8 * 2;
     row->probe_read = probe_read_scalar;

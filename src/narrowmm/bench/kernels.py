@@ -87,11 +87,16 @@ def _verify_narrowmm(x: np.ndarray, w: Weights, y: np.ndarray) -> None:
     """Bit-check a few output columns against the NumPy provider (same fma chain)."""
     n = w.shape[1]
     cols = np.unique(np.array([0, n // 3, n // 2, n - 1]))
-    scales = None
-    if w.scales is not None:  # the same columns' scales, one per column per block of rows
-        grid, bk = w.scales.expanded(w.shape, n)
-        scales = Scales(grid[:, cols], (bk, 1))
-    sub = Weights.from_bits(np.ascontiguousarray(w.bits[:, cols]), w.format, scales)
+
+    def pick(s: Scales | None) -> Scales | None:
+        """The same columns' scales (or offsets), one per column per block of rows."""
+        if s is None:
+            return None
+        grid, bk = s.expanded(w.shape, n)
+        return Scales(grid[:, cols], (bk, 1))
+
+    sub = Weights.from_bits(np.ascontiguousarray(w.bits[:, cols]), w.format, pick(w.scales),
+                            pick(w.offsets))
     with use_provider("numpy"):
         want = matmul(x, sub)
     if not same_bits(y[:, cols], want):
@@ -193,7 +198,7 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
     probes: dict[int, tuple[Callable[[int], float] | None, int]] = {}
     for fmt in cfg.formats:
         w = exact[fmt]
-        copies = [w] + [Weights.from_bits(w.bits.copy(), fmt, w.scales)
+        copies = [w] + [Weights.from_bits(w.bits.copy(), fmt, w.scales, w.offsets)
                         for _ in range(plan.copies(w.nbytes) - 1)]
         for c in copies:
             _prepare(c)

@@ -209,6 +209,7 @@ PLOT_SERIES = (
     ("narrowmm", "bf16", "#08519c"), ("narrowmm", "fp16", "#3182bd"),
     ("narrowmm", "f32", "#31a354"), ("narrowmm", "e4m3fn", "#006d2c"),
     ("narrowmm", "e5m2", "#74c476"), ("narrowmm", "q8_0", "#6baed6"),
+    ("narrowmm", "q4_0", "#9ecae1"), ("narrowmm", "q4_1", "#c6dbef"),
     ("numpy-f32", "f32", "#525252"), ("numpy-upcast", "bf16", "#969696"),
     ("numpy-upcast", "fp16", "#bdbdbd"),
     ("ml_dtypes", "bf16", "#756bb1"), ("ml_dtypes", "e4m3fn", "#9e9ac8"),

@@ -14,10 +14,10 @@ LLAMA_SHAPES = (
     ("ffn_down 8B", 11008, 4096),
 )
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-NARROWMM_FORMATS = ("fp16", "bf16", "f32", "e4m3fn", "e5m2", "q8_0")
+NARROWMM_FORMATS = ("fp16", "bf16", "f32", "e4m3fn", "e5m2", "q8_0", "q4_0", "q4_1")
 FP8_FORMATS = ("e4m3fn", "e5m2")
 # formats whose weights the bench makes with Weights.quantize (scales fitted to the values)
-QUANTIZED_FORMATS = (*FP8_FORMATS, "q8_0")
+QUANTIZED_FORMATS = (*FP8_FORMATS, "q8_0", "q4_0", "q4_1")
 # narrowmm on row-major Weights, and on Weights.pack() of the same matrix
 NARROWMM_SYSTEMS = ("narrowmm", "narrowmm-packed")
 SLOW_CALL_S = 4.0  # a system whose single call takes longer is skipped for that case

@@ -32,15 +32,16 @@ class Kernel:
 
 
 def row_major_operands(w: Any, out: np.ndarray, accumulate: bool,
-                       bias: np.ndarray | None) -> tuple[np.ndarray, Any, bool]:
-    """For a provider that computes on row-major bits with plain scales: the weights' bits
-    (unpacked when ``w.packed``), their scales as ``Weights.provider_scales`` gives them,
-    and ``accumulate``, the bias written into ``out`` first (then the chains start there)."""
+                       bias: np.ndarray | None) -> tuple[Any, Any, bool]:
+    """For a provider that computes on row-major bits with plain scales: the row-major
+    :class:`~narrowmm.Weights` (``w`` unpacked when ``w.packed``: its ``bits``, ``shape``,
+    ``provider_offsets()``), their scales as ``Weights.provider_scales`` gives them, and
+    ``accumulate``, the bias written into ``out`` first (then the chains start there)."""
     if bias is not None:
         out[...] = bias
         accumulate = True
     rows = w.unpack() if w.packed else w
-    return rows.bits, rows.provider_scales(), accumulate
+    return rows, rows.provider_scales(), accumulate
 
 
 class Provider:

@@ -102,15 +102,19 @@ def _codec(op: str, out_dtype: type | None):
         code = fmt.code
         dtype = fmt.storage if out_dtype is None else out_dtype
 
+        # a stored element holds kpack values (the 4-bit formats: two codes a byte)
+        size = ((lambda n: n // fmt.kpack) if op == "encode"
+                else (lambda n: n * fmt.kpack))
+
         if op == "encode" and fmt.itemsize == 1:
             def run8(src: np.ndarray, saturate: bool = False) -> np.ndarray:
-                out = np.empty(src.shape, dtype)
+                out = np.empty(size(src.size), dtype)
                 call(code, src, out, None, saturate)
                 return out
             return run8
 
         def run(src: np.ndarray) -> np.ndarray:
-            out = np.empty(src.shape, dtype)
+            out = np.empty(size(src.size), dtype)
             call(code, src, out)
             return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._exact import fma_f32, round_sum_to_f32
 from .._formats import Format
 from ._base import Kernel, Provider, row_major_operands
 
@@ -146,35 +147,59 @@ def encode_q8_0(values: np.ndarray, saturate: bool = False) -> np.ndarray:
     return np.where(neg, -r, r).astype(np.int16).astype(np.int8).view(np.uint8)
 
 
+def _nibbles(shift: float):
+    """The decoder of a 4-bit format: each byte's two codes, low nibble first, minus
+    ``shift``, as a flat array twice as long."""
+    def decode(bits: np.ndarray) -> np.ndarray:
+        pairs = np.stack([bits & 15, bits >> 4], axis=-1).astype(np.float32)
+        return (pairs - np.float32(shift)).reshape(-1)
+    return decode
+
+
+def _nibble_encoder(bias: float):
+    """codec_scalar.h's nm_f32_to_q4_0 / _q4_1 on pairs of values: trunc(fl32(v + bias))
+    clamped to 0..15, NaN as 0, two codes a byte."""
+    def encode(values: np.ndarray, saturate: bool = False) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):
+            f = values + np.float32(bias)
+            f = np.where(f > 0, f, np.float32(0))  # NaN too
+            codes = np.minimum(f, np.float32(15)).astype(np.uint8).reshape(-1, 2)
+        return codes[:, 0] | (codes[:, 1] << 4)
+    return encode
+
+
 _DECODE = {"fp16": decode_fp16, "bf16": decode_bf16, "e4m3fn": decode_e4m3fn,
-           "e5m2": decode_e5m2, "q8_0": decode_q8_0}
+           "e5m2": decode_e5m2, "q8_0": decode_q8_0, "q4_0": _nibbles(8.0),
+           "q4_1": _nibbles(0.0)}
 _ENCODE = {"fp16": encode_fp16, "bf16": encode_bf16, "e4m3fn": encode_e4m3fn,
-           "e5m2": encode_e5m2, "q8_0": encode_q8_0}
+           "e5m2": encode_e5m2, "q8_0": encode_q8_0, "q4_0": _nibble_encoder(8.5),
+           "q4_1": _nibble_encoder(0.5)}
 
 
 def fma_rows(x64: np.ndarray, w_row: np.ndarray, c64: np.ndarray) -> np.ndarray:
     """float32 fma(x64[:, None], w_row[None, :], c64) for all pairs, as float64 values."""
-    prod = x64[:, None] * w_row[None, :].astype(np.float64)
-    s = c64 + prod
-    bb = s - c64
-    err = (c64 - (s - bb)) + (prod - bb)
-    fix = (err != 0) & np.isfinite(err) & ((s.view(np.int64) & 1) == 0)
-    if fix.any():
-        s[fix] = np.nextafter(s[fix], np.copysign(np.inf, err[fix]))
-    return s.astype(np.float32).astype(np.float64)
+    return round_sum_to_f32(x64[:, None] * w_row[None, :].astype(np.float64), c64)
 
 
 def _matmul(fmt: Format):
     def run(x: np.ndarray, w, out: np.ndarray, accumulate: bool,
             bias: np.ndarray | None = None) -> None:
-        bits, scales, accumulate = row_major_operands(w, out, accumulate, bias)
-        k, n = bits.shape
+        rows, scales, accumulate = row_major_operands(w, out, accumulate, bias)
+        bits, offsets = rows.bits, rows.provider_offsets()
+        k, n = rows.shape
+        if fmt.kpack > 1:  # two rows a byte: their raw values, all at once
+            raw = rows.raw_rows(_DECODE[fmt.name](bits.reshape(-1)).reshape(*bits.shape, 2))
         c64 = out.astype(np.float64) if accumulate else np.zeros(out.shape, np.float64)
         x64 = x.astype(np.float64)
         with np.errstate(all="ignore"):
             for p in range(k):
-                row = bits[p] if fmt.name == "f32" else _DECODE[fmt.name](bits[p])
-                if scales is not None:  # one float32 rounding per weight
+                if fmt.kpack > 1:
+                    row = raw[p]
+                else:
+                    row = bits[p] if fmt.name == "f32" else _DECODE[fmt.name](bits[p])
+                if offsets is not None:  # fma(q, scale, offset): one rounding
+                    row = fma_f32(row, scales[0][p // scales[1], :n], offsets[p // scales[1], :n])
+                elif scales is not None:  # one float32 rounding per weight
                     row = row * scales[0][p // scales[1], :n]
                 c64 = fma_rows(x64[:, p], row, c64)
             out[...] = c64.astype(np.float32)

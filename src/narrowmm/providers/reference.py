@@ -199,6 +199,35 @@ def f32_bits_to_q8_0(u: int, saturate: bool = False) -> int:
     return (-r if sign else r) & 0xFF
 
 
+def q4_0_to_f32_bits(q: int) -> int:
+    """A Q4_0 code (4 bits) stands for q - 8."""
+    return bits_from_f32(float((q & 15) - 8))
+
+
+def q4_1_to_f32_bits(q: int) -> int:
+    """A Q4_1 code (4 bits) stands for q."""
+    return bits_from_f32(float(q & 15))
+
+
+def _nibble_code(u: int, bias: Fraction) -> int:
+    """trunc(fl32(v + bias)) clamped to 0..15 for the float32 bits u; NaN gives 0."""
+    sign, q = _split(u)
+    if q is None:
+        return 0 if u & 0x7FFFFFFF > _INF32 else (0 if sign else 15)
+    s = (-q if sign else q) + bias
+    mag = f32_from_bits(round_binary(abs(s), 23, 8))  # the float32 sum
+    r = math.trunc(-mag if s < 0 else mag) if math.isfinite(mag) else (15 if s > 0 else 0)
+    return min(max(r, 0), 15)
+
+
+def f32_bits_to_q4_0(u: int) -> int:
+    return _nibble_code(u, Fraction(17, 2))
+
+
+def f32_bits_to_q4_1(u: int) -> int:
+    return _nibble_code(u, Fraction(1, 2))
+
+
 def mul_f32(a: float, b: float) -> float:
     """a * b rounded once to float32 (a, b float32 values; the double product is exact)."""
     with np.errstate(all="ignore"):
@@ -234,19 +263,29 @@ def fma_f32(a: float, b: float, c: float) -> float:
 
 _DECODERS = {"fp16": fp16_to_f32_bits, "bf16": bf16_to_f32_bits,
              "e4m3fn": e4m3fn_to_f32_bits, "e5m2": e5m2_to_f32_bits,
-             "q8_0": q8_0_to_f32_bits}
+             "q8_0": q8_0_to_f32_bits, "q4_0": q4_0_to_f32_bits, "q4_1": q4_1_to_f32_bits}
+_NIBBLE_ENCODERS = {"q4_0": f32_bits_to_q4_0, "q4_1": f32_bits_to_q4_1}
 _ENCODERS = {"fp16": f32_bits_to_fp16, "bf16": f32_bits_to_bf16,
              "e4m3fn": f32_bits_to_e4m3fn, "e5m2": f32_bits_to_e5m2,
              "q8_0": f32_bits_to_q8_0}
 
 
-def _weight_values(bits: np.ndarray, fmt: Format,
-                   scales: tuple[np.ndarray, int] | None) -> list[list[float]]:
+def _weight_values(bits: np.ndarray, fmt: Format, scales: tuple[np.ndarray, int] | None,
+                   offsets: np.ndarray | None = None) -> list[list[float]]:
     if fmt.name == "f32":
         return [[float(v) for v in row] for row in bits]
     dec = _DECODERS[fmt.name]
-    w = [[f32_from_bits(dec(int(h))) for h in row] for row in bits]
-    if scales is not None:
+    if fmt.kpack > 1:  # byte (r, j): row 2r's code in the low nibble, row 2r + 1's high
+        codes = [[(int(h) >> (4 * half)) & 15 for h in row] for row in bits
+                 for half in (0, 1)]
+    else:
+        codes = [[int(h) for h in row] for row in bits]
+    w = [[f32_from_bits(dec(q)) for q in row] for row in codes]
+    if offsets is not None:  # one rounding of q * scale + offset
+        grid, bk = scales
+        w = [[fma_f32(v, float(grid[p // bk, j]), float(offsets[p // bk, j]))
+              for j, v in enumerate(row)] for p, row in enumerate(w)]
+    elif scales is not None:
         grid, bk = scales
         w = [[mul_f32(v, float(grid[p // bk, j])) for j, v in enumerate(row)]
              for p, row in enumerate(w)]
@@ -256,10 +295,10 @@ def _weight_values(bits: np.ndarray, fmt: Format,
 def _matmul(fmt: Format):
     def run(x: np.ndarray, w, out: np.ndarray, accumulate: bool,
             bias: np.ndarray | None = None) -> None:
-        bits, scales, accumulate = row_major_operands(w, out, accumulate, bias)
+        rows, scales, accumulate = row_major_operands(w, out, accumulate, bias)
         m, k = x.shape
-        n = bits.shape[1]
-        w = _weight_values(bits, fmt, scales)
+        n = rows.shape[1]
+        w = _weight_values(rows.bits, fmt, scales, rows.provider_offsets())
         xs = [[float(v) for v in row] for row in x]
         result = [[0.0] * n for _ in range(m)]
         for i in range(m):
@@ -279,13 +318,23 @@ def _decode(fmt: Format):
     dec = _DECODERS[fmt.name]
 
     def run(bits: np.ndarray) -> np.ndarray:
-        words = [dec(int(h)) for h in bits.astype(fmt.storage, copy=False)]
-        return np.array(words, dtype=np.uint32).view(np.float32)
+        codes = [int(h) for h in bits.astype(fmt.storage, copy=False)]
+        if fmt.kpack > 1:  # two codes a byte, the low nibble first
+            codes = [c for h in codes for c in (h & 15, h >> 4)]
+        return np.array([dec(c) for c in codes], dtype=np.uint32).view(np.float32)
 
     return run
 
 
 def _encode(fmt: Format):
+    if fmt.kpack > 1:
+        nib = _NIBBLE_ENCODERS[fmt.name]
+
+        def run_pairs(values: np.ndarray, saturate: bool = False) -> np.ndarray:
+            codes = [nib(int(u)) for u in values.view(np.uint32)]
+            return np.array([lo | hi << 4 for lo, hi in zip(codes[::2], codes[1::2], strict=True)],
+                            dtype=np.uint8)
+        return run_pairs
     enc = _ENCODERS[fmt.name]
 
     if fmt.itemsize == 1:

@@ -27,11 +27,16 @@ def _numpy_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
 
 
 def _plain_scales(scales: tuple[np.ndarray, int, bool], fmt: Format,
-                  out_features: int) -> Scales:
-    """The Scales behind the kernels' form (one per column per block of rows, times 2^r)."""
+                  out_features: int) -> tuple[Scales, Scales | None]:
+    """The Scales behind the kernels' form (one per column per block of rows, times 2^r),
+    and the offsets a format with offsets keeps below them (Weights.kernel_scales)."""
     grid, bk, _ = scales
+    offsets = None
+    if fmt.offsets:
+        half = grid.shape[0] // 2
+        grid, offsets = grid[:half], Scales(grid[half:, :out_features], (bk, 1))
     plain = grid[:, :out_features] * np.float32(2.0 ** -fmt.scale_exponent)  # exact
-    return Scales(plain, (bk, 1))
+    return Scales(plain, (bk, 1)), offsets
 
 
 def _layer_weights(weight: torch.Tensor, fmt: Format, out_features: int, packed: bool,
@@ -42,12 +47,12 @@ def _layer_weights(weight: torch.Tensor, fmt: Format, out_features: int, packed:
     layer stores them, in the kernels' form (``Weights.kernel_scales``: grid, block of
     rows, no NaN/Inf code), handed to the weights as they are."""
     bits = _numpy_bits(weight, fmt)
-    plain = grid = None
+    plain = grid = offsets = None
     if scales is not None:
         grid = scales.numpy()
-        plain = _plain_scales((grid, scale_block, finite), fmt, out_features)
-    w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2]), plain) if packed
-         else Weights.from_bits(bits, fmt, plain))
+        plain, offsets = _plain_scales((grid, scale_block, finite), fmt, out_features)
+    w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2]), plain, offsets)
+         if packed else Weights.from_bits(bits, fmt, plain, offsets))
     if grid is not None:
         w.preset_kernel_scales(grid, scale_block, finite)
     return w

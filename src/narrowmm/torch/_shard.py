@@ -136,10 +136,12 @@ def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
 
 
 def _columns(w: Weights | PackedWeights, lo: int, hi: int) -> Weights:
-    """Columns [lo, hi) of narrowmm weights, with their scales (FP8)."""
+    """Columns [lo, hi) of narrowmm weights, with their scales and offsets."""
     rows = w.unpack() if isinstance(w, PackedWeights) else w
     scales = None if rows.scales is None else rows.scales.take_columns(lo, hi)
-    return Weights.from_bits(np.ascontiguousarray(rows.bits[:, lo:hi]), rows.format, scales)
+    offsets = None if rows.offsets is None else rows.offsets.take_columns(lo, hi)
+    return Weights.from_bits(np.ascontiguousarray(rows.bits[:, lo:hi]), rows.format, scales,
+                             offsets)
 
 
 def _feature_rows(full: TorchWeights, lo: int, hi: int, fmt: Format) -> Weights | TorchWeights:
@@ -150,9 +152,10 @@ def _feature_rows(full: TorchWeights, lo: int, hi: int, fmt: Format) -> Weights 
     same codes and scales)."""
     rows = full.bits[lo:hi]  # this rank's output features: a contiguous byte range
     scales = None if full.scales is None else full.scales.take_rows(lo, hi)
+    offsets = None if full.offsets is None else full.offsets.take_rows(lo, hi)
     if full.format is fmt:
-        return TorchWeights(rows, fmt, scales)
-    values = TorchWeights(rows, full.format, scales).decode()
+        return TorchWeights(rows, fmt, scales, offsets)
+    values = TorchWeights(rows, full.format, scales, offsets).decode()
     if fmt.scaled:
         return Weights.quantize(np.ascontiguousarray(values.T), fmt)  # as convert does
     if fmt.name == "f32":

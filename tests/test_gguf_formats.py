@@ -1,0 +1,287 @@
+"""GGUF's integer block formats as narrowmm formats: Q8_0 (int8 codes), Q4_0 and Q4_1 (4-bit
+codes, two rows a byte), each with a float32 scale per 32 input features, Q4_1 with an
+offset too.
+
+The contract (docs/contracts.md): weight (p, j) is fl32(q * d) (Q8_0), fl32((q - 8) * d)
+(Q4_0) or fma(q, d, m) (Q4_1), with d and m the block's scale and offset (fp16 in a GGUF
+file, exact in float32), so every product is exact and the weight has at most the one
+rounding of Q4_1's sum; then the usual fma chain over p ascending. ``gguf.quants`` (the
+GGUF project's NumPy implementation) is the outside oracle for the quantizers and the
+decode; the reference provider for the chain."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import assert_oracle_bits_on_every_path, assert_same_bits, require
+
+import narrowmm as nm
+from narrowmm.providers import use_provider
+from narrowmm.providers.native import core
+
+gguf = require("gguf")
+gguf_quants = require("gguf.quants")
+FORMATS = ["q8_0", "q4_0", "q4_1"]
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+        "q4_1": gguf.GGMLQuantizationType.Q4_1}
+CODES = np.arange(256, dtype=np.uint8)
+
+
+def gguf_blocks(values: np.ndarray, fmt: str) -> np.ndarray:
+    """GGUF's blocks of a (k, n) matrix, as a file stores it: PyTorch's (n, k) rows."""
+    return gguf_quants.quantize(np.ascontiguousarray(values.T), GGML[fmt])
+
+
+def gguf_values(values: np.ndarray, fmt: str) -> np.ndarray:
+    """What GGUF's dequantize gives for the blocks of ``values``, back in (k, n)."""
+    return np.ascontiguousarray(gguf_quants.dequantize(gguf_blocks(values, fmt), GGML[fmt]).T)
+
+
+def test_the_rows_of_the_format_table():
+    want = {"q8_0": (5, 1, 1, -128.0, 127.0), "q4_0": (6, 1, 2, -8.0, 7.0),
+            "q4_1": (7, 1, 2, 0.0, 15.0)}
+    c_rows = {name: (code, size, scaled, kpack, offset)
+              for code, name, size, scaled, _, kpack, offset in core().formats()}
+    for name, (code, size, kpack, lo, hi) in want.items():
+        f = nm.get_format(name)
+        assert (f.code, f.itemsize, f.kpack, f.min_code, f.max_finite) == (code, size, kpack,
+                                                                            lo, hi)
+        assert f.scaled and f.integer and f.gguf_block == 32 and f.special_bits == 0
+        assert f.offsets == (name == "q4_1")
+        assert c_rows[name] == (code, size, 1, kpack, int(f.offsets))
+
+
+def code_values(fmt: str) -> np.ndarray:
+    """What each of the 256 bytes stands for: one int8, or two 4-bit codes, low first."""
+    if fmt == "q8_0":
+        return CODES.view(np.int8).astype(np.float32)
+    shift = 8.0 if fmt == "q4_0" else 0.0
+    return np.stack([CODES & 15, CODES >> 4], axis=-1).astype(np.float32) - np.float32(shift)
+
+
+@pytest.mark.parametrize("provider", ["native", "numpy", "reference"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_byte_decodes_to_its_codes(fmt, provider, isa):
+    with use_provider(provider):
+        got = nm.decode(CODES, fmt)
+    assert_same_bits(got, code_values(fmt))
+
+
+def c_roundf(x: float) -> float:
+    """C's roundf: halves away from zero."""
+    return math.copysign(math.floor(abs(x) + 0.5), x) if abs(x) < 2**23 else x
+
+
+def gguf_code(v: np.ndarray, fmt: str) -> np.ndarray:
+    """The value a code stands for after GGUF's rounding and clamp: roundf (Q8_0), or
+    trunc of the float32 sum v + 8.5 (Q4_0, then - 8) and v + 0.5 (Q4_1)."""
+    if fmt == "q8_0":
+        return np.array([min(max(c_roundf(float(x)), -128.0), 127.0) for x in v], np.float32)
+    bias, shift = (8.5, 8.0) if fmt == "q4_0" else (0.5, 0.0)
+    with np.errstate(invalid="ignore"):
+        codes = np.clip(np.trunc(v + np.float32(bias)), 0, 15)
+    return (codes - np.float32(shift)).astype(np.float32)
+
+
+def encode_inputs(rng: np.random.Generator) -> np.ndarray:
+    """Random values in and past the codes' range, every half and its float32 neighbours
+    (an even count: the 4-bit formats take pairs)."""
+    halves = np.arange(-130, 130, dtype=np.float32) + np.float32(0.5)
+    near = np.concatenate([halves, np.nextafter(halves, np.float32(np.inf)),
+                           np.nextafter(halves, np.float32(-np.inf)),
+                           np.float32([0.0, -0.0, 0.49999997, -0.49999997, 127.0, -128.0,
+                                       -8.5, 7.4999995, 15.4999995, -0.5])])
+    return np.concatenate([near, rng.uniform(-140, 140, 20000).astype(np.float32)])
+
+
+@pytest.mark.parametrize("provider", ["native", "numpy", "reference"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_encode_rounds_as_gguf_and_clamps_when_saturating(fmt, provider, isa):
+    x = encode_inputs(np.random.default_rng(3))
+    if provider == "reference":
+        x = x[::7][:2000]
+    want = gguf_code(x, fmt)
+    f = nm.get_format(fmt)
+    shaped = x.reshape(-1, 2) if f.kpack > 1 else x
+    with use_provider(provider):
+        bits = nm.encode(shaped, fmt, saturate=True)
+        assert_same_bits(nm.decode(bits, fmt).reshape(-1), want + 0.0)
+        biased = x + np.float32(f.code_bias) if f.code_bias else None
+        inside = ((biased > -1) & (biased < 16) if f.code_bias
+                  else (x > -128.5) & (x < 127.5))
+        if f.kpack > 1:  # both codes of a byte inside
+            inside = inside.reshape(-1, 2).all(axis=1)
+        np.testing.assert_array_equal(nm.encode(shaped[inside], fmt), bits[inside])
+
+
+def test_encode_refuses_what_no_code_holds():
+    with pytest.raises(ValueError, match=r"values\[1\] = 127\.5 as q8_0: outside the codes "
+                                         r"\[-128, 127\] \(saturate=True clamps to them\)"):
+        nm.encode(np.float32([1.0, 127.5]), "q8_0")
+    with pytest.raises(ValueError, match=r"values\[0, 1\] = -inf"):
+        nm.encode(np.float32([[0.0, -np.inf]]), "q8_0")
+    with pytest.raises(ValueError, match="NaN has no code"):
+        nm.encode(np.float32([np.nan]), "q8_0", saturate=True)
+    with pytest.raises(ValueError, match=r"values\[0, 1\] = 7\.5 as q4_0: outside the codes "
+                                         r"\[-8, 7\]"):
+        nm.encode(np.float32([[0.0, 7.5]]), "q4_0")
+    with pytest.raises(ValueError, match=r"q4_1 holds 2 codes a byte: values need a last axis "
+                                         r"of 2, got shape \(3,\)"):
+        nm.encode(np.float32([1, 2, 3]), "q4_1")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(32, 1), (64, 7), (256, 96), (96, 33)])
+def test_quantize_gives_gguf_blocks_bit_for_bit(fmt, shape):
+    """Codes, fp16 scales (and offsets) equal gguf.quants.quantize's, and decode equals its
+    dequantize, on values of every magnitude, zero blocks and exact halves included."""
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    k, n = shape
+    w = (rng.standard_normal(shape) * np.exp(rng.uniform(-12, 8, (1, n)))).astype(np.float32)
+    w[:32, 0] = 0.0  # an all-zero block: d = 0
+    if n > 1:
+        w[:32, 1] = np.linspace(-127, 127, 32, dtype=np.float32) / 2  # halves of the step
+    q = nm.Weights.quantize(w, fmt)
+    assert q.scales.block == (32, 1) and q.scales.values.shape == (k // 32, n)
+    blocks = gguf_blocks(w, fmt).reshape(n, k // 32, -1)
+    d = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16)[..., 0]
+    assert_same_bits(q.scales.values, d.T.astype(np.float32))
+    if fmt == "q8_0":
+        np.testing.assert_array_equal(q.bits, blocks[:, :, 2:].reshape(n, k).T)
+    else:  # GGUF: byte i of a block holds codes i and i + 16; narrowmm: rows 2r and 2r + 1
+        qs = blocks[:, :, -16:]
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k).T
+        np.testing.assert_array_equal(q.bits, codes[0::2] | (codes[1::2] << 4))
+    if fmt == "q4_1":
+        m = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[..., 0]
+        assert_same_bits(q.offsets.values, m.T.astype(np.float32))
+    assert_same_bits(q.decode(), gguf_values(w, fmt))
+
+
+def test_quantize_refuses_what_gguf_cannot_store():
+    w = np.full((32, 2), 1.0, np.float32)
+    w[3, 1] = 1e10
+    with pytest.raises(ValueError, match=r"q8_0: a block's largest magnitude 10000000000\.0 "
+                                         r"makes a scale past fp16's range"):
+        nm.Weights.quantize(w, "q8_0")
+    with pytest.raises(ValueError, match="q4_0: a block's range makes a scale past fp16's"):
+        nm.Weights.quantize(w * 1e3, "q4_0")
+    with pytest.raises(ValueError, match="q4_1 stores 2 rows a byte: k must be even, got 33"):
+        nm.Weights.quantize(np.ones((33, 2), np.float32), "q4_1")
+
+
+def random_weights(rng, fmt: str, k: int, n: int,
+                   block: tuple[int, int] = (32, 1)) -> nm.Weights:
+    """Any codes, with fp16-valued scales (and offsets) as a GGUF file holds them."""
+    rows = k // nm.get_format(fmt).kpack
+    q = rng.integers(0, 256, (rows, n), dtype=np.uint64).astype(np.uint8)
+    grid = (-(-k // block[0]), -(-n // block[1]))
+
+    def fp16s():
+        return (rng.standard_normal(grid) * 2.0 ** rng.integers(-20, 4, grid)).astype(
+            np.float16).astype(np.float32)
+
+    offsets = nm.Scales.blocks(fp16s(), block) if fmt == "q4_1" else None
+    return nm.Weights.from_bits(q, fmt, nm.Scales.blocks(fp16s(), block), offsets)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matmul_equals_the_oracle_on_every_path(fmt, isa):
+    """m = 1 (gemv), 2 (two-row gemv), 5 (tiles), row-major and packed, with GGUF blocks
+    and other block shapes (a k that is not a multiple of 32 included): the native rows and
+    the NumPy provider give the reference oracle's bits."""
+    rng = np.random.default_rng(5)
+    for k, n, block in ((64, 29, (32, 1)), (46, 17, (32, 1)), (24, 40, (4, 8))):
+        w = random_weights(rng, fmt, k, n, block)
+        for m in (1, 2, 5):
+            assert_oracle_bits_on_every_path(rng.standard_normal((m, k)).astype(np.float32), w)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_weights_are_the_formula_so_the_chain_is_the_only_other_rounding(fmt):
+    """q * d and (q - 8) * d are exact in float32, and fma(q, d, m) one rounding of the exact
+    value: decode equals the formula in float64 rounded once, and a matmul with x = e_p
+    reads each weight back exactly."""
+    rng = np.random.default_rng(6)
+    w = random_weights(rng, fmt, 64, 40)
+    codes = nm.decode(w.bits, fmt)
+    if codes.ndim == 3:
+        codes = np.ascontiguousarray(codes.transpose(0, 2, 1)).reshape(64, 40)
+    d = np.repeat(w.scales.values.astype(np.float64), 32, axis=0)
+    exact = codes.astype(np.float64) * d
+    if fmt == "q4_1":
+        exact = exact + np.repeat(w.offsets.values.astype(np.float64), 32, axis=0)
+    assert_same_bits(w.decode(), exact.astype(np.float32))
+    eye = np.eye(64, dtype=np.float32)
+    assert_same_bits(nm.matmul(eye, w), exact.astype(np.float32) + np.float32(0.0))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_batches_threads_and_layouts_give_the_same_bits(fmt, isa):
+    """A row's result does not depend on the batch it is in, the thread count or the
+    layout: m = 1, 2, 3, 16 and 40, on 1 and 2 threads, row-major and packed, on a matrix
+    large enough to be split across threads."""
+    rng = np.random.default_rng(7)
+    k, n = 512, 1100
+    w = nm.Weights.quantize((rng.standard_normal((k, n)) * 0.05).astype(np.float32), fmt)
+    packed = w.pack()
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    before = nm.get_num_threads()
+    nm.set_num_threads(1)
+    alone = np.concatenate([nm.matmul(x[i:i + 1], w) for i in range(40)])
+    try:
+        for threads in (1, 2):
+            nm.set_num_threads(threads)
+            for m in (1, 2, 3, 16, 40):
+                assert_same_bits(nm.matmul(x[:m], w), alone[:m])
+                assert_same_bits(nm.matmul(x[:m], packed), alone[:m])
+    finally:
+        nm.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_native_kernels_serve_them_on_every_row(fmt, isa):
+    """No call falls back to a slower provider, and the row names its own kernels."""
+    code = nm.get_format(fmt).code
+    names = core().kernel_names("matmul", code) + core().kernel_names("matmul_packed", code)
+    assert names and all(fmt in name or name.startswith("ukernel_") for name in names), names
+    served = {(e["op"], e["format"]): e for e in nm.runtime_info()["kernels"]}
+    for op in ("matmul", "encode", "decode"):
+        assert served[(op, fmt)]["provider"] == "native"
+    assert "finite_kernel" not in served[("matmul", fmt)]  # every code is finite
+
+
+def test_4bit_weights_refuse_odd_rows_blocks_and_missing_offsets():
+    bits = np.zeros((2, 3), np.uint8)
+    with pytest.raises(ValueError, match="q4_1 weights need their offsets"):
+        nm.Weights.from_bits(bits, "q4_1")
+    with pytest.raises(ValueError, match="format 'q4_0' takes no offsets"):
+        nm.Weights.from_bits(bits, "q4_0", offsets=nm.Scales.tensor(0.0))
+    with pytest.raises(ValueError, match="blocks of scales must hold a multiple of 2 rows, "
+                                         "got 1"):
+        nm.Weights.from_bits(bits, "q4_0", nm.Scales.blocks(np.ones((4, 3)), (1, 1)))
+    with pytest.raises(ValueError, match=r"offsets in blocks of \(0, 0\) do not match the "
+                                         r"scales' \(2, 1\)"):
+        nm.Weights.from_bits(bits, "q4_1", nm.Scales.blocks(np.ones((2, 3)), (2, 1)),
+                             nm.Scales.tensor(0.0))
+    w = nm.Weights.from_bits(bits, "q4_0")
+    assert w.shape == (4, 3) and nm.TorchWeights(bits, "q4_0").shape == (2, 6)
+    with pytest.raises(ValueError, match=r"x has 3 columns but the weights have k=4 rows"):
+        nm.matmul(np.ones((1, 3), np.float32), w)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_torch_layer_quantizes_to_gguf_blocks(fmt):
+    torch = require("torch")
+    import narrowmm.torch as nmt
+
+    lin = torch.nn.Linear(64, 40, bias=True)
+    w = nm.Weights.quantize(np.ascontiguousarray(lin.weight.detach().numpy().T), fmt)
+    x = torch.randn(3, 64)
+    for pack in (True, False):
+        layer = nmt.Linear.from_torch(lin, fmt, pack=pack)
+        with torch.inference_mode():
+            got = layer(x).numpy()
+        assert_same_bits(got, nm.matmul(x.numpy(), w, bias=lin.bias.detach().numpy()))
