@@ -47,7 +47,7 @@ UNITS = [
 ]
 EMU_MATMUL, EMU_DECODE, EMU_ENCODE, EMU_MATMUL_PACKED = 0, 1, 2, 3
 AVX512_NR = 32  # the avx512 row's sliver width, so its packed layout
-FMT = {"f32": 0, "fp16": 1, "bf16": 2, "e4m3fn": 3, "e5m2": 4}
+FMT = {f.name: f.code for f in nm.FORMATS.values()}
 SPECIAL = {"e4m3fn": 0x7F, "e5m2": 0x7C}  # the magnitude bits every NaN/Inf code has
 GUARD = 0x7FBADBAD  # a NaN pattern no kernel writes
 
@@ -245,17 +245,25 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
     """An FP8 job with a random block grid of scales (or the given ones) in the kernels'
     form, and the scalar row's answer. finite: NaN/Inf codes replaced by zero, and the
     finite-weights kernels asked for."""
+    f = nm.get_format(fmt)
     ldb = n + pad
+    k += k % f.kpack  # the 4-bit formats: two rows a byte
     x = rng.standard_normal((max(m, 1), max(k + pad, 1)), dtype=np.float32)[:m]
-    raw = (rng.integers(0, 256, (k, ldb), dtype=np.uint64).astype(np.uint8) if bits is None
-           else bits.reshape(k, ldb))
-    if finite:
+    rows = k // f.kpack
+    raw = (rng.integers(0, 256, (rows, ldb), dtype=np.uint64).astype(np.uint8) if bits is None
+           else bits.reshape(rows, ldb))
+    if finite and f.special_bits:
         raw = np.where((raw & SPECIAL[fmt]) == SPECIAL[fmt], np.uint8(0), raw)
+    offsets = None
     if scales is None:
-        bk = int(rng.choice([1, 4, 128, 10**9]))
+        bk = int(rng.choice([1, 4, 128, 10**9])) * f.kpack
         grid = rng.uniform(0.5, 2.0, (max(1, -(-k // bk)), n)).astype(np.float32) * 2.0**-10
         scales = nm.Scales(grid, (bk if bk <= k else 0, 1))
-    w = nm.Weights.from_bits(np.ascontiguousarray(raw[:, :n]), fmt, scales)
+        if f.offsets:
+            offsets = nm.Scales(rng.standard_normal(grid.shape).astype(np.float32), scales.block)
+    elif f.offsets:
+        offsets = nm.Scales(np.zeros_like(scales.values), scales.block)
+    w = nm.Weights.from_bits(np.ascontiguousarray(raw[:, :n]), fmt, scales, offsets)
     window = np.full((m, n + pad), GUARD, dtype=np.uint32).view(np.float32)
     start = rng.standard_normal((m, n), dtype=np.float32)
     window[:, :n] = start
@@ -274,11 +282,14 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
     return job, want, (m, n + pad, n)
 
 
-@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
-@pytest.mark.parametrize("finite", [False, True])
-def test_fp8_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, finite):
-    """Row-major and packed FP8 weights with blocks of scales (1, 4, 128 rows or all of k),
-    on the exact kernels (NaN/Inf codes present) and the finite-weights ones."""
+@pytest.mark.parametrize("fmt,finite", [("e4m3fn", False), ("e4m3fn", True), ("e5m2", False),
+                                        ("e5m2", True), ("q8_0", False), ("q4_0", False),
+                                        ("q4_1", False)])
+def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, finite):
+    """Row-major and packed weights of the scaled formats with blocks of scales (1, 4, 128
+    rows or all of k; twice that for the 4-bit formats), FP8 on the exact kernels (NaN/Inf
+    codes present) and the finite-weights ones; the GGUF formats with any codes (Q4_1 with
+    offsets)."""
     rng = np.random.default_rng(30 + FMT[fmt] + 2 * finite)
     cases = []
     for m in (1, 2, 3, 9, 17):

@@ -84,9 +84,10 @@ def stored_shape(fmt: Format, shape: tuple[int, ...], axis: int) -> tuple[int, i
 def expand_pairs(values: np.ndarray, axis: int) -> np.ndarray:
     """A 4-bit format's decoded pairs (bits' shape + (2,), low nibble first) as the matrix:
     each element's two values become two consecutive rows along ``axis``."""
+    rows, cols, pair = values.shape
     if axis == 0:  # (k/2, n, 2) -> (k/2, 2, n) -> (k, n)
-        return np.ascontiguousarray(values.transpose(0, 2, 1)).reshape(-1, values.shape[1])
-    return values.reshape(values.shape[0], -1)  # (out, in/2, 2) -> (out, in)
+        return np.ascontiguousarray(values.transpose(0, 2, 1)).reshape(rows * pair, cols)
+    return values.reshape(rows, cols * pair)  # (out, in/2, 2) -> (out, in)
 
 
 class _KernelScales:

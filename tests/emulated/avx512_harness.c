@@ -76,7 +76,12 @@ void nm_emu_main(emu_job *job) {
     nm_fill_row_avx512(&row);
     heap_used = 0;
     emulated_threads = (int)job->threads;
-    const nm_scales scales = {job->s, job->s_ld, job->s_bk, (int)job->s_finite};
+    /* a format with offsets (Q4_1) has them below its scales, as the binding takes them */
+    const int64_t blocks = job->s_bk > 0 && job->k > 0 ? (job->k + job->s_bk - 1) / job->s_bk : 1;
+    const int with_offsets = job->fmt >= 0 && job->fmt < NM_FMT_COUNT &&
+                             nm_format_table[job->fmt].offset;
+    const nm_scales scales = {job->s, job->s_ld, job->s_bk, (int)job->s_finite,
+                              job->s && with_offsets ? job->s + blocks * job->s_ld : 0};
     const nm_scales *sc = job->s ? &scales : 0;
     /* no bias here: the frame writes it (matmul_part), the same C on every row; the
      * scalar and avx2 rows test it in csrc/tests and tests/test_api.py */
