@@ -5,6 +5,8 @@ imports torch).
   chains, built from an ``nn.Linear`` (:meth:`Linear.from_torch`) or a checkpoint tensor
   (:meth:`Linear.from_weights`);
 - :func:`convert`, which swaps every ``nn.Linear`` of a model for one, in place;
+- :func:`from_gguf`, a ``transformers`` model built from a GGUF file, its linear layers
+  holding the file's blocks;
 - the operator ``torch.ops.narrowmm.linear``, registered with ``torch.library`` with a fake
   (meta) implementation, so ``torch.inference_mode``, ``torch.compile`` and
   ``torch.export`` see through it.
@@ -21,11 +23,13 @@ conditions; it imports ``transformers``, so it is not imported here).
 from __future__ import annotations
 
 from ._convert import convert, converted_layers
+from ._gguf import from_gguf
 from ._invariant import is_batch_invariant, make_batch_invariant
 from ._layer import Linear
 from ._shard import ShardedLinear, column_ranges, init_process_group, load_sharded, shard
 from ._team import MODEL_SPIN_NS, set_num_threads, torch_openmp_team
 
 __all__ = ["MODEL_SPIN_NS", "Linear", "ShardedLinear", "column_ranges", "convert",
-           "converted_layers", "init_process_group", "is_batch_invariant", "load_sharded",
-           "make_batch_invariant", "set_num_threads", "shard", "torch_openmp_team"]
+           "converted_layers", "from_gguf", "init_process_group", "is_batch_invariant",
+           "load_sharded", "make_batch_invariant", "set_num_threads", "shard",
+           "torch_openmp_team"]

