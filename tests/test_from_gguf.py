@@ -38,6 +38,7 @@ def test_every_linear_layer_holds_the_files_blocks(smollm2):
     assert len(layers) == 30 * 7 + 1
     assert {m.format.name for n, m in layers.items() if n != "lm_head"} == {"q4_1"}
     assert layers["lm_head"].format.name == "q8_0"  # tied: the embedding's own blocks
+    assert not any(m.packed for m in layers.values())  # block formats: row-major by default
     assert not any(p.is_meta for p in model.parameters())
     assert model.model.embed_tokens.weight.dtype == torch.float32
 
