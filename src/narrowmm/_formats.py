@@ -17,7 +17,7 @@ class Format:
 
     Attributes:
         name: canonical name (``"f32"``, ``"fp16"``, ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``,
-            ``"q8_0"``).
+            ``"q8_0"``, ``"q4_0"``, ``"q4_1"``).
         code: the C core's ``nm_format`` code.
         itemsize: bytes per stored element.
         storage: NumPy dtype that holds the raw stored elements (bits for the narrow formats).

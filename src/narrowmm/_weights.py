@@ -189,7 +189,7 @@ class _ScaledMatrix:
 
 class Weights(_ScaledMatrix):
     """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``,
-    ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``, ``"q8_0"``).
+    ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``, and GGUF's ``"q8_0"``, ``"q4_0"``, ``"q4_1"``).
 
     ``Weights(array)`` wraps without copying: a NumPy float16 array is fp16, an ml_dtypes
     bfloat16 array is bf16, an ml_dtypes float8_e4m3fn / float8_e5m2 array is e4m3fn /
@@ -201,8 +201,10 @@ class Weights(_ScaledMatrix):
     The FP8 formats and GGUF's ``q8_0`` (int8 codes) carry :class:`~narrowmm.Scales` (1.0
     for the whole matrix unless given): weight (p, j) is ``fl32(decode(q[p, j]) * scale)``,
     and every provider, ISA and thread count computes the same chains on those weights.
-    ``q8_0`` weights come from :meth:`quantize` (GGUF's own rule, bit for bit) or a GGUF
-    file (:func:`narrowmm.load_gguf`); any float32 scales are accepted. FP8 codes are looked
+    The GGUF formats' weights come from :meth:`quantize` (GGUF's own rule, bit for bit) or
+    a GGUF file (:func:`narrowmm.load_gguf`); any float32 scales are accepted. The 4-bit
+    ones hold two rows a byte (:meth:`from_bits`), and ``q4_1`` an ``offsets`` grid beside
+    its scales: weight = fma(decode(q), scale, offset). FP8 codes are looked
     at once, at the first native call, for NaN/Inf codes (weights without any take faster
     kernels): write into ``bits`` afterwards and build new Weights.
 
@@ -371,9 +373,7 @@ class Weights(_ScaledMatrix):
 
         if self.format.name == "f32":
             return np.array(self.bits, dtype=np.float32)
-        values = decode(self.bits, self.format)
-        if self.format.kpack > 1:
-            values = expand_pairs(values, 0)
+        values = self.raw_rows(decode(self.bits, self.format))
         return values if self.scales is None else apply(values, self.scales, self.offsets)
 
     def pack(self) -> PackedWeights:
