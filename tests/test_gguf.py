@@ -126,7 +126,7 @@ def test_round_trip_with_the_gguf_writer_and_reader(tmp_path, rng):
 
 def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
     """Q4_0 and Q4_1 tensors from gguf-py's writer: the codes regrouped into narrowmm's
-    pairs, the scales and offsets as stored; a type narrowmm does not compute on (Q4_K) is
+    pairs, the scales and offsets as stored; a type narrowmm does not compute on (Q2_K) is
     listed, readable as bytes, and refused as weights."""
     path = tmp_path / "q4.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -135,7 +135,7 @@ def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
                       raw_dtype=gguf.GGMLQuantizationType.Q4_0)
     writer.add_tensor("b", gguf.quants.quantize(values["b"], gguf.GGMLQuantizationType.Q4_1),
                       raw_dtype=gguf.GGMLQuantizationType.Q4_1)
-    writer.add_tensor("k", np.zeros((2, 144), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    writer.add_tensor("k", np.zeros((2, 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -147,10 +147,44 @@ def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
         assert_same_bits(w.decode(), gguf.quants.dequantize(f.array(name), t))
         x = rng.standard_normal((2, 96)).astype(np.float32)
         assert_same_bits(nm.Linear(w)(x), nm.matmul(x, w.transpose()))
-    assert f.info["k"].shape == (2, 256) and f.array("k").shape == (2, 144)
-    with pytest.raises(nm.GGUFError, match=r"'k' has ggml type Q4_K; narrowmm computes on "
-                                           r"F32, F16, Q4_0, Q4_1, Q8_0, BF16"):
+    assert f.info["k"].shape == (2, 256) and f.array("k").shape == (2, 84)
+    with pytest.raises(nm.GGUFError, match=r"'k' has ggml type Q2_K; narrowmm computes on "
+                                           r"F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16"):
         f["k"]
+
+
+# where each block type keeps its fp16 fields (d, and m or dmin), in bytes
+FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2),
+               "Q6_K": (208,)}
+
+
+@pytest.mark.parametrize("type_name", list(FP16_FIELDS))
+def test_every_block_type_reads_as_the_gguf_package_dequantizes_it(tmp_path, type_name):
+    """Random blocks (any codes, sub-block scales and mins; finite fp16 fields of every
+    sign and a wide range) written by gguf-py: the weights narrowmm makes of them decode
+    to gguf.quants.dequantize's values bit for bit, and compute."""
+    rng = np.random.default_rng(sum(map(ord, type_name)))
+    t = gguf.GGMLQuantizationType[type_name]
+    block, size = gguf.constants.GGML_QUANT_SIZES[t]
+    rows, per_row = 6, 2 * (256 // block)  # 512 input features
+    raw = rng.integers(0, 256, (rows, per_row, size), dtype=np.uint64).astype(np.uint8)
+    for at in FP16_FIELDS[type_name]:
+        values = (rng.standard_normal((rows, per_row)) * 2.0 ** rng.integers(-14, 6, (
+            rows, per_row))).astype(np.float16)
+        raw[:, :, at:at + 2] = values.view(np.uint8).reshape(rows, per_row, 2)
+    path = tmp_path / "blocks.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", raw.reshape(rows, per_row * size), raw_dtype=t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = nm.load_gguf(path)
+    w = f["w"]
+    assert w.shape == (rows, per_row * block)
+    assert_same_bits(w.decode(), gguf.quants.dequantize(f.array("w"), t))
+    x = rng.standard_normal((3, w.in_features)).astype(np.float32)
+    assert_same_bits(nm.Linear(w)(x), nm.matmul(x, w.transpose()))
 
 
 def test_the_type_table_agrees_with_the_gguf_package():

@@ -29,9 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from .._formats import get_format
 from .._scales import Scales
 from .._weights import TorchWeights
 from ._files import missing_tensor, open_regular_file
+from ._gguf_blocks import CONVERTERS
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -62,11 +64,11 @@ class GGMLType:
 GGML_TYPES: dict[int, GGMLType] = {
     0: GGMLType("F32", 1, 4, "f32"), 1: GGMLType("F16", 1, 2, "fp16"),
     2: GGMLType("Q4_0", 32, 18, "q4_0"), 3: GGMLType("Q4_1", 32, 20, "q4_1"),
-    6: GGMLType("Q5_0", 32, 22), 7: GGMLType("Q5_1", 32, 24),
+    6: GGMLType("Q5_0", 32, 22, "q8_0"), 7: GGMLType("Q5_1", 32, 24),
     8: GGMLType("Q8_0", 32, 34, "q8_0"), 9: GGMLType("Q8_1", 32, 36),
     10: GGMLType("Q2_K", 256, 84), 11: GGMLType("Q3_K", 256, 110),
-    12: GGMLType("Q4_K", 256, 144), 13: GGMLType("Q5_K", 256, 176),
-    14: GGMLType("Q6_K", 256, 210), 15: GGMLType("Q8_K", 256, 292),
+    12: GGMLType("Q4_K", 256, 144, "q4_1"), 13: GGMLType("Q5_K", 256, 176),
+    14: GGMLType("Q6_K", 256, 210, "q8_0"), 15: GGMLType("Q8_K", 256, 292),
     16: GGMLType("IQ2_XXS", 256, 66), 17: GGMLType("IQ2_XS", 256, 74),
     18: GGMLType("IQ3_XXS", 256, 98), 19: GGMLType("IQ1_S", 256, 50),
     20: GGMLType("IQ4_NL", 32, 18), 21: GGMLType("IQ3_S", 256, 110),
@@ -369,58 +371,27 @@ class GGUFFile(Mapping[str, TorchWeights]):
         raw = self.array(name)
         if t.type.block_size == 1:
             return TorchWeights(raw.view(np.uint16) if t.type.name == "F16" else raw, t.format)
-        if t.type.name == "Q8_0":
-            return self._q8_0(name, raw)
-        return self._q4(name, raw, t.type)
+        return self._blocks(name, raw, t.type)
 
-    def _block_halves(self, name: str, raw: np.ndarray, t: GGMLType,
-                      halves: int) -> tuple[np.ndarray, list[np.ndarray]] | None:
-        """A block tensor's blocks, (out, blocks, type_size), and its leading fp16 fields
-        (d, and m for Q4_1) as float32 (out, blocks) grids, each finite; None if empty."""
+    def _blocks(self, name: str, raw: np.ndarray, t: GGMLType) -> TorchWeights:
+        """A block type's tensor as narrowmm weights (_gguf_blocks): its codes regrouped,
+        its scales (and offsets) as the file holds them or as their exact products."""
+        fmt = get_format(t.format)
         out, row_bytes = raw.shape
         n_blocks = row_bytes // t.type_size
-        if out == 0 or n_blocks == 0:
-            return None
-        blocks = raw.reshape(out, n_blocks, t.type_size)
-        fields = []
-        for f, what in enumerate(("scale", "offset")[:halves]):
-            v = np.ascontiguousarray(blocks[:, :, 2 * f:2 * f + 2]).view("<f2")[..., 0]
-            v = v.astype(np.float32)
-            if not np.isfinite(v).all():
-                r, b = (int(i) for i in np.argwhere(~np.isfinite(v))[0])
+        if out == 0 or n_blocks == 0:  # no weight: one scale (and offset) stands for none
+            return TorchWeights(np.zeros((out, n_blocks * t.block_size // fmt.kpack), np.uint8),
+                                fmt, Scales.tensor(1.0), Scales.tensor(0.0) if fmt.offsets
+                                else None)
+        _, codes, scales, offsets, rows = CONVERTERS[t.name](
+            raw.reshape(out, n_blocks, t.type_size))
+        for grid, what in ((scales, "scale"), (offsets, "offset")):
+            if grid is not None and not np.isfinite(grid).all():
+                r, b = (int(i) for i in np.argwhere(~np.isfinite(grid))[0])
                 raise GGUFError(f"{self.path}: tensor {name!r}: the {what} of block {b} of "
-                                f"row {r} is {float(v[r, b])!r}")
-            fields.append(v)
-        return blocks, fields
-
-    def _q4(self, name: str, raw: np.ndarray, t: GGMLType) -> TorchWeights:
-        """Q4_0 / Q4_1 blocks (fp16 d, [fp16 m,] 16 bytes: byte i holds codes i and i + 16)
-        as narrowmm's pairs (byte j of a row: codes 2j and 2j + 1, low nibble first)."""
-        fmt = t.format
-        has_m = t.name == "Q4_1"
-        got = self._block_halves(name, raw, t, 2 if has_m else 1)
-        if got is None:
-            out = raw.shape[0]
-            return TorchWeights(np.zeros((out, 0), np.uint8), fmt, Scales.tensor(1.0),
-                                Scales.tensor(0.0) if has_m else None)
-        blocks, fields = got
-        out, n_blocks, _ = blocks.shape
-        qs = blocks[:, :, t.type_size - 16:]
-        codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(out, n_blocks * 32)
-        pairs = codes[:, 0::2] | (codes[:, 1::2] << 4)
-        offsets = Scales.blocks(fields[1], (1, 32)) if has_m else None
-        return TorchWeights(pairs, fmt, Scales.blocks(fields[0], (1, 32)), offsets)
-
-    def _q8_0(self, name: str, raw: np.ndarray) -> TorchWeights:
-        got = self._block_halves(name, raw, GGML_TYPES[8], 1)
-        if got is None:  # no weight: one scale stands for none
-            out = raw.shape[0]
-            return TorchWeights(np.zeros((out, raw.shape[1] // 34 * 32), np.uint8), "q8_0",
-                                Scales.tensor(1.0))
-        blocks, (d,) = got
-        out, n_blocks, _ = blocks.shape
-        codes = np.ascontiguousarray(blocks[:, :, 2:]).reshape(out, n_blocks * 32)
-        return TorchWeights(codes, "q8_0", Scales.blocks(d, (1, 32)))
+                                f"row {r} is {float(grid[r, b])!r}")
+        return TorchWeights(codes, fmt, Scales.blocks(scales, (1, rows)),
+                            None if offsets is None else Scales.blocks(offsets, (1, rows)))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.info)

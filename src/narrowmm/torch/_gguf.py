@@ -94,8 +94,9 @@ def _pack_by_default(w: TorchWeights) -> bool:
 def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
               threads: bool | int = True, pack: bool | None = None) -> torch.nn.Module:
     """A ``transformers`` causal language model built from a GGUF file, every linear layer
-    a :class:`Linear` holding the file's own blocks (Q8_0, Q4_0, Q4_1, or F16 / BF16 / F32
-    weights as they are): the linear weights are never materialised in float32.
+    a :class:`Linear` holding the file's own blocks (Q8_0, Q4_0, Q4_1 as they are; Q5_0,
+    Q4_K, Q6_K as the exact q8_0 / q4_1 weights of :func:`narrowmm.load_gguf`; F16 / BF16 /
+    F32 weights as they are): the linear weights are never materialised in float32.
 
     The configuration comes from the file's metadata, as ``transformers`` reads it
     (``AutoConfig.from_pretrained(folder, gguf_file=name)``); so does the tokenizer, which

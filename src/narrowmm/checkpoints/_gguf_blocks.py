@@ -1,0 +1,125 @@
+"""GGUF's block types as narrowmm weights: each converter takes a tensor's blocks, shape
+``(rows, blocks, type size)`` (PyTorch's (out, in) reading: a row's blocks along ``in``), and
+gives the narrowmm format, its stored codes in that reading, and the float32 grids of scales
+(and offsets) per ``block_rows`` input features, such that every weight is the type's formula
+as ``ggml-quants.c`` writes it down, bit for bit:
+
+| ggml type | narrowmm format | weight |
+|---|---|---|
+| Q8_0 | q8_0 | ``q * d`` |
+| Q4_0 | q4_0 | ``(q - 8) * d`` |
+| Q4_1 | q4_1 | ``d * q + m`` = fma(q, d, m) |
+| Q5_0 | q8_0 (codes q - 16) | ``(q - 16) * d`` |
+| Q4_K | q4_1 (per 32: d * sc, -(dmin * m)) | ``(d * sc) * q - dmin * m`` |
+| Q6_K | q8_0 (codes q - 32, per 16: d * sc) | ``(d * sc) * q`` |
+
+The products ``d * sc`` and ``dmin * m`` of a K type are exact in float32 (an fp16 times a
+6-bit or 8-bit integer), so a K type's sub-block is a scale (and offset) of the narrower
+format, and its weight the same rounding: one, of the exact value, wherever GGUF rounds
+once (Q6_K's ``(d * sc) * q`` can round: the scale is made first, as ggml does). The 5- and
+6-bit codes go into int8 codes (q8_0): more bytes a weight than the file, the same values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# (format, codes, scales, offsets or None, rows a scale covers)
+Converted = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None", int]
+
+
+def fp16_field(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The fp16 at byte ``start`` of every block, as float32 (rows, blocks)."""
+    return np.ascontiguousarray(blocks[:, :, start:start + 2]).view("<f2")[..., 0].astype(
+        np.float32)
+
+
+def nibbles(qs: np.ndarray) -> np.ndarray:
+    """Bytes (..., 16 or 32) holding codes i (low nibble) and i + len (high nibble), as the
+    codes in order (..., 2 len): GGUF's Q4/Q5 layout."""
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
+
+
+def pairs(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes (rows, in) as narrowmm's bytes (rows, in / 2): codes 2j and 2j + 1 of a
+    row in byte j, the low nibble first."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def int8_codes(values: np.ndarray) -> np.ndarray:
+    """Small signed integers (rows, in) as the bytes of q8_0's int8 codes."""
+    return values.astype(np.int8).view(np.uint8)
+
+
+def q8_0(blocks: np.ndarray) -> Converted:
+    rows, nb, _ = blocks.shape
+    codes = np.ascontiguousarray(blocks[:, :, 2:]).reshape(rows, nb * 32)
+    return "q8_0", codes, fp16_field(blocks, 0), None, 32
+
+
+def q4_0(blocks: np.ndarray) -> Converted:
+    rows, nb, _ = blocks.shape
+    codes = nibbles(blocks[:, :, 2:]).reshape(rows, nb * 32)
+    return "q4_0", pairs(codes), fp16_field(blocks, 0), None, 32
+
+
+def q4_1(blocks: np.ndarray) -> Converted:
+    rows, nb, _ = blocks.shape
+    codes = nibbles(blocks[:, :, 4:]).reshape(rows, nb * 32)
+    return "q4_1", pairs(codes), fp16_field(blocks, 0), fp16_field(blocks, 2), 32
+
+
+def q5_0(blocks: np.ndarray) -> Converted:
+    """d, 4 bytes of high bits (bit i: code i's fifth bit, little-endian), 16 bytes of low
+    nibbles (codes i and i + 16)."""
+    rows, nb, _ = blocks.shape
+    high = np.ascontiguousarray(blocks[:, :, 2:6]).view("<u4")[..., 0]
+    high = (high[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+    codes = nibbles(blocks[:, :, 6:]).astype(np.int16) | (high.astype(np.int16) << 4)
+    return "q8_0", int8_codes((codes - 16).reshape(rows, nb * 32)), fp16_field(blocks, 0), \
+        None, 32
+
+
+def _k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 bytes of eight 6-bit scales and eight 6-bit mins (ggml's get_scale_min_k4):
+    bytes 0-3 and 4-7 hold scales and mins 0-3 in their low 6 bits and the top 2 bits of
+    scales and mins 4-7; bytes 8-11 hold the low 4 bits of scales 4-7 (low nibble) and mins
+    4-7 (high nibble)."""
+    lo, mid, top = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = np.concatenate([lo & 63, (top & 15) | ((lo >> 6) << 4)], axis=-1)
+    mins = np.concatenate([mid & 63, (top >> 4) | ((mid >> 6) << 4)], axis=-1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def q4_k(blocks: np.ndarray) -> Converted:
+    """d, dmin, 12 bytes of sub-block scales and mins, 128 bytes of codes: four chunks of 32
+    bytes, chunk c holding codes 64c + l (low nibble, sub-block 2c) and 64c + 32 + l (high
+    nibble, sub-block 2c + 1)."""
+    rows, nb, _ = blocks.shape
+    sc, mins = _k_scales_mins(blocks[:, :, 4:16])
+    d = fp16_field(blocks, 0)[..., None] * sc  # exact: fp16 x 6-bit integer
+    dm = fp16_field(blocks, 2)[..., None] * mins
+    qs = blocks[:, :, 16:].reshape(rows, nb, 4, 32)
+    codes = nibbles(qs).reshape(rows, nb * 256)
+    return "q4_1", pairs(codes), d.reshape(rows, nb * 8), (-dm).reshape(rows, nb * 8), 32
+
+
+def q6_k(blocks: np.ndarray) -> Converted:
+    """128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-block scales, d: in each
+    half of 128 codes, ql byte l holds the low 4 bits of codes l (low nibble) and l + 64
+    (high), l < 64; qh byte l holds the top 2 bits of codes l, l + 32, l + 64 and l + 96
+    (bits 0-1, 2-3, 4-5, 6-7), l < 32."""
+    rows, nb, _ = blocks.shape
+    ql = blocks[:, :, :128].reshape(rows, nb, 2, 64)
+    qh = blocks[:, :, 128:192].reshape(rows, nb, 2, 32)
+    low = nibbles(ql)  # (rows, nb, 2, 128)
+    high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
+    codes = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
+    sc = np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8).astype(np.float32)
+    d = fp16_field(blocks, 208)[..., None] * sc  # exact: fp16 x int8
+    return "q8_0", int8_codes(codes.reshape(rows, nb * 256)), d.reshape(rows, nb * 16), \
+        None, 16
+
+
+CONVERTERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q4_K": q4_k,
+              "Q6_K": q6_k}
