@@ -29,8 +29,10 @@ typedef struct nm_scales {
 
 /* C[m x n] (+)= A[m x k] @ W[k x n] under the fma-chain contract, W = decode(B) (times the
  * scales, for a scaled format: `scales` is NULL exactly for the others).
- * A element (i,p) = a[i*lda + p]; B element (p,j) at b + p*ldb + j*itemsize (bytes);
- * C element (i,j) = c[i*ldc + j]. Each chain starts from C's value with accumulate, from
+ * A element (i,p) = a[i*lda + p]; B element (p,j) at b + p*ldb + j*itemsize (bytes), for
+ * a format whose stored element holds kpack rows (the 4-bit ones: 2) at b + (p / kpack)*ldb
+ * + j*itemsize, row p's code in nibble p % kpack (nm_format_info.kpack); k and the scales'
+ * blocks are then multiples of kpack. C element (i,j) = c[i*ldc + j]. Each chain starts from C's value with accumulate, from
  * bias[j] when `bias` (n floats) is not NULL, else from +0.0; bias with accumulate is
  * NM_EINVAL. Only the m x n block of C is written. A, B, C and the bias must not overlap. */
 int nm_matmul(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t k,
@@ -38,9 +40,9 @@ int nm_matmul(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t 
               int64_t ldc, int accumulate, const float *bias, const nm_scales *scales);
 
 /* The same product on weights packed for this row (Weights.pack): ceil(n / NR) slivers of
- * NR columns (NR = row->nr), sliver s holding columns [s*NR, s*NR + NR) as k rows of NR
- * contiguous weights (row p at byte (s*k + p) * NR * itemsize from b), the columns past n
- * zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
+ * NR columns (NR = row->nr), sliver s holding columns [s*NR, s*NR + NR) as k / kpack
+ * stored rows of NR contiguous elements (stored row r at byte (s*k/kpack + r) * NR *
+ * itemsize from b: nm_packed_offset), the columns past n zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
  * changes. */
 int nm_matmul_packed(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
