@@ -44,6 +44,22 @@ def assert_oracle_bits_on_every_path(x: np.ndarray, w: nm.Weights) -> None:
     assert_same_bits(nm.matmul(x, w.pack()), want)
 
 
+def check_flipped_file(raw: bytes, flips: list[tuple[int, int]], path, load,
+                       error: type[Exception]) -> None:
+    """``raw`` with the bytes at ``flips`` (position modulo its length, xor mask) written to
+    ``path``: ``load`` may refuse it only with ``error``, and what it accepts must be
+    readable (read_everything)."""
+    data = bytearray(raw)
+    for pos, xor in flips:
+        data[pos % len(data)] ^= xor
+    path.write_bytes(bytes(data))
+    try:
+        ckpt = load(path)
+    except error:
+        return
+    read_everything(ckpt, error)
+
+
 def read_everything(ckpt, error: type[Exception]) -> None:
     """Whatever a checkpoint reader accepted must be readable within the file: every
     tensor's bytes, and the weights of each one it loads as weights (``error`` for the

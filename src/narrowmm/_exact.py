@@ -13,8 +13,9 @@ import numpy as np
 
 
 def round_sum_to_f32(prod: np.ndarray, c64: np.ndarray) -> np.ndarray:
-    """fl32(prod + c64) rounded once, as float64 values; ``prod`` an exact float64 product
-    of two float32 values, ``c64`` a float32 value in float64 (broadcast together)."""
+    """fl32(prod + c64) rounded once, as float64 values of prod's shape; ``prod`` an exact
+    float64 product of two float32 values, ``c64`` float32 values in float64 (broadcast
+    against it; only read)."""
     s = c64 + prod
     bb = s - c64
     err = (c64 - (s - bb)) + (prod - bb)
@@ -28,5 +29,4 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """float32 ``fma(a, b, c)`` element by element (broadcast), as a float32 array."""
     with np.errstate(all="ignore"):
         prod = a.astype(np.float64) * b.astype(np.float64)
-        c64 = np.broadcast_to(c.astype(np.float64), prod.shape)
-        return round_sum_to_f32(prod, np.array(c64)).astype(np.float32)
+        return round_sum_to_f32(prod, c.astype(np.float64)).astype(np.float32)

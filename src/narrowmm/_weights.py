@@ -76,6 +76,8 @@ def check_block_rows(fmt: Format, scales: Scales | None, k: int) -> None:
 def stored_shape(fmt: Format, shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     """The matrix shape of bits of ``shape`` whose ``axis`` holds ``fmt.kpack`` rows of the
     matrix per stored element (axis 0 for narrowmm's (k, n), 1 for PyTorch's (out, in))."""
+    if fmt.kpack == 1:  # every format but the 4-bit ones: the bits' own shape (matmul's path)
+        return shape  # type: ignore[return-value]
     out = list(shape)
     out[axis] *= fmt.kpack
     return out[0], out[1]

@@ -15,3 +15,15 @@ def exercise(ckpt, error: type[Exception], nm) -> None:
         w.decode()
         if w.shape[0] and w.shape[1]:
             nm.Linear(w)(np.ones(w.in_features, np.float32))
+
+
+def check_file(data: bytes, path: str, load, error: type[Exception], nm) -> None:
+    """Write ``data`` to ``path`` and open it with ``load``: it may refuse only with
+    ``error``; what it accepts must be readable (exercise)."""
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        ckpt = load(path)
+    except error:
+        return
+    exercise(ckpt, error, nm)

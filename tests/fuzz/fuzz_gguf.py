@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 import atheris
-from _checkpoint import exercise
+from _checkpoint import check_file
 
 with atheris.instrument_imports():  # narrowmm's code guides the fuzzer, not NumPy's
     import narrowmm as nm
@@ -73,14 +73,7 @@ def structured(data: bytes) -> bytes:
 def one_input(data: bytes) -> None:
     if data and data[0] & 1:
         data = structured(data[1:])
-    with open(PATH, "wb") as f:
-        f.write(data)
-    try:
-        ckpt = nm.load_gguf(PATH)
-    except nm.GGUFError:
-        return
-    exercise(ckpt, nm.GGUFError, nm)
-    ckpt.close()
+    check_file(data, PATH, nm.load_gguf, nm.GGUFError, nm)
 
 
 if __name__ == "__main__":

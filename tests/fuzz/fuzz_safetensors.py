@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 import atheris
-from _checkpoint import exercise
+from _checkpoint import check_file
 
 with atheris.instrument_imports():  # narrowmm's code guides the fuzzer, not NumPy's
     import narrowmm as nm
@@ -69,13 +69,7 @@ def structured(data: bytes) -> bytes:
 def one_input(data: bytes) -> None:
     if data and data[0] & 1:
         data = structured(data[1:])
-    with open(PATH, "wb") as f:
-        f.write(data)
-    try:
-        ckpt = nm.load_safetensors(PATH)
-    except nm.SafetensorsError:
-        return
-    exercise(ckpt, nm.SafetensorsError, nm)
+    check_file(data, PATH, nm.load_safetensors, nm.SafetensorsError, nm)
 
 
 if __name__ == "__main__":
