@@ -44,6 +44,8 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * 0.98-1.07x, but m = 32 0.95-1.05x and m = 16 with k = 14336 (896 KiB of A) 0.97-0.99x. */
 #define NM_SLIVER_OUTER_ROWS 16
 #define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
+/* The column chunk, in slivers, of the m <= 2 packed path under short blocks of scales. */
+#define NM_BLOCKED_GEMV_SLIVERS 8
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
  * cost more than it saves. */
 #define NM_PARALLEL_MIN_WORK ((int64_t)1 << 18)
@@ -278,22 +280,31 @@ static void matmul_part(void *ctx, int part, int parts) {
         const nm_isa_kernels *isa = job->isa;
         const int slot = job->slot;
         const float *a = job->a + i0 * job->lda;
-        float *c = job->c + i0 * job->ldc + j0;
-        for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) { /* one range per block of scales */
-            p1 = k_range_end(job, p0, job->k);
-            int64_t ldb;
-            const uint8_t *b = weights_at(job, p0, j0, &ldb);
-            const float *s = scales_at(job, p0, j0), *o = offsets_at(job, p0, j0);
-            if (rows == 1 && job->packed)
-                isa->gemv_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, b, c, s, o);
-            else if (rows == 1)
-                isa->gemv[slot](p1 - p0, j1 - j0, a + p0, b, ldb, c, s, o);
-            else if (job->packed)
-                isa->gemv2_packed[slot](p1 - p0, job->k, j1 - j0, a + p0, job->lda, b, c,
-                                       job->ldc, s, o);
-            else
-                isa->gemv2[slot](p1 - p0, j1 - j0, a + p0, job->lda, b, ldb, c, job->ldc, s,
-                                 o);
+        /* Packed weights whose scales come in blocks shorter than k (GGUF's 32 rows): a call
+         * per block over every column would read each sliver 32 rows at a time, hopping from
+         * sliver to sliver; chunks of a few slivers taken through all of k keep each sliver
+         * one stream and its C in L1. */
+        const int64_t chunk = job->packed && job->scales && job->scales->bk < job->k
+                                  ? NM_BLOCKED_GEMV_SLIVERS * isa->nr
+                                  : j1 - j0;
+        for (int64_t jc = j0; jc < j1; jc += chunk) {
+            const int64_t w = min64(chunk, j1 - jc);
+            float *c = job->c + i0 * job->ldc + jc;
+            for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) { /* a range per block of scales */
+                p1 = k_range_end(job, p0, job->k);
+                int64_t ldb;
+                const uint8_t *b = weights_at(job, p0, jc, &ldb);
+                const float *s = scales_at(job, p0, jc), *o = offsets_at(job, p0, jc);
+                if (rows == 1 && job->packed)
+                    isa->gemv_packed[slot](p1 - p0, job->k, w, a + p0, b, c, s, o);
+                else if (rows == 1)
+                    isa->gemv[slot](p1 - p0, w, a + p0, b, ldb, c, s, o);
+                else if (job->packed)
+                    isa->gemv2_packed[slot](p1 - p0, job->k, w, a + p0, job->lda, b, c,
+                                           job->ldc, s, o);
+                else
+                    isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
+            }
         }
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);

@@ -50,14 +50,16 @@ int nm_matmul_packed(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, i
 
 /* The model ops (ops/; docs/invariance.md gives each one's fixed order of operations).
  *
- * Attention: q [batch][heads][lq][d], k and v [batch][kv_heads][lk][d] (float32,
- * contiguous; heads a multiple of kv_heads, query head h reading kv head h / (heads /
- * kv_heads)); allowed [batch][mask_heads][lq][lk] bytes, nonzero where query i may see key j
- * (mask_heads 1 or heads), or NULL for all keys; out [batch][lq][heads][d]. */
+ * Attention: q [batch][heads][lq][d], k and v [batch][kv_heads][kv_rows][d] of which the
+ * first lk rows of each head are the keys (float32, contiguous; kv_rows >= lk lets a
+ * preallocated cache be read in place; heads a multiple of kv_heads, query head h reading kv
+ * head h / (heads / kv_heads)); allowed [batch][mask_heads][lq][lk] bytes, nonzero where
+ * query i may see key j (mask_heads 1 or heads), or NULL for all keys; out
+ * [batch][lq][heads][d]. */
 int nm_attention(const nm_isa_kernels *row, int64_t batch, int64_t heads, int64_t kv_heads,
-                 int64_t lq, int64_t lk, int64_t d, const float *q, const float *k,
-                 const float *v, const uint8_t *allowed, int64_t mask_heads, float scale,
-                 float *out);
+                 int64_t lq, int64_t lk, int64_t kv_rows, int64_t d, const float *q,
+                 const float *k, const float *v, const uint8_t *allowed, int64_t mask_heads,
+                 float scale, float *out);
 
 /* RMS normalisation of each of `rows` rows of n floats (row i at x + i*ldx, written at
  * out + i*ldo; out may be x): y = x / sqrt(mean(x^2) + eps), without the weight. */
@@ -66,6 +68,74 @@ int nm_rms_norm(int64_t rows, int64_t n, const float *x, int64_t ldx, float eps,
 
 /* SiLU, x / (1 + e^-x), elementwise over rows x n floats (out may be x). */
 int nm_silu(int64_t rows, int64_t n, const float *x, int64_t ldx, float *out, int64_t ldo);
+
+/* The elementwise steps of a decoder layer (ops/elementwise.c), one IEEE operation each:
+ * x[i][j] = w[j] * x[i][j] over rows of n (ldx apart); x += a; x *= a; and the rotary
+ * embedding's rotate-half form out = x * cos + rotate_half(x) * sin over an even d, each
+ * product and the sum rounded (out must not overlap x). */
+void nm_scale_rows(int64_t rows, int64_t n, const float *w, float *x, int64_t ldx);
+void nm_add_into(int64_t count, const float *a, float *x);
+void nm_mul_into(int64_t count, const float *a, float *x);
+void nm_rotary(int64_t d, const float *x, const float *cos, const float *sin, float *out);
+
+/* One linear layer as the frame takes it: y = x @ W (+ bias) for W (k x n) in format fmt,
+ * row-major (ldb bytes between stored rows) or packed for the row it runs on, with its
+ * scales when the format has them (has_scales), bias NULL or n floats. */
+typedef struct nm_linear {
+    int fmt, packed, has_scales;
+    int64_t k, n, ldb;
+    const uint8_t *b;
+    nm_scales scales;
+    const float *bias;
+} nm_linear;
+
+/* c[m x n] = a[m x k] @ W (+ bias): nm_matmul or nm_matmul_packed for the layer. */
+int nm_linear_run(const nm_isa_kernels *row, const nm_linear *layer, int64_t m, const float *a,
+                  int64_t lda, float *c, int64_t ldc);
+
+/* A Llama-family decoder (model/llama.c): every layer's two RMSNorm weights and seven
+ * linear layers, the float32 token embedding (vocab x hidden), the final norm, the output
+ * layer, and the rotary table (positions x head_dim cos and sin). */
+typedef struct nm_llama_layer {
+    const float *attn_norm, *mlp_norm;
+    nm_linear q, k, v, o, gate, up, down;
+} nm_llama_layer;
+
+typedef struct nm_llama {
+    int64_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, positions;
+    float eps, scale; /* the norms' epsilon; attention's factor on the scores */
+    const float *embed, *final_norm, *cos, *sin;
+    const nm_llama_layer *layer;
+    nm_linear lm_head;
+} nm_llama;
+
+/* Keys and values of `batch` sequences: layer l's keys at k + l * batch*kv_heads*capacity*
+ * head_dim, as [batch][kv_heads][capacity][head_dim]; the first `length` slots are filled. */
+typedef struct nm_llama_cache {
+    int64_t batch, capacity, length;
+    float *k, *v;
+} nm_llama_cache;
+
+/* The parts of a step whose seconds nm_llama_step adds up when asked. */
+enum {
+    NM_LLAMA_PART_LINEAR,      /* the layers' seven linear layers */
+    NM_LLAMA_PART_OUTPUT,      /* the output layer */
+    NM_LLAMA_PART_ATTENTION,   /* nm_attention over the cache */
+    NM_LLAMA_PART_NORM,        /* RMS norms with their weights */
+    NM_LLAMA_PART_SILU,
+    NM_LLAMA_PART_ELEMENTWISE, /* rotary, the cache's writes, residual sums, silu * up */
+    NM_LLAMA_PART_OTHER,       /* checks, buffers, mask, embedding lookup */
+    NM_LLAMA_PARTS
+};
+
+/* One forward step: t tokens (tokens[b * t + i], at rotary positions[b * t + i]) for each of
+ * the cache's batch sequences, appended to the cache; query i of sequence b sees the slots
+ * start[b] .. length + i. logits: batch x vocab, for each sequence's last token. spent:
+ * NULL, or NM_LLAMA_PARTS doubles to which each part's seconds are added. NM_EINVAL
+ * (nothing changed) for a token, position or start out of range or a full cache. */
+int nm_llama_step(const nm_isa_kernels *row, const nm_llama *model, nm_llama_cache *cache,
+                  int64_t batch, int64_t t, const int64_t *tokens, const int64_t *positions,
+                  const int64_t *start, float *logits, double *spent);
 
 /* Below this cost (multiply-adds; a gemv's weight counts 4) a call does not wake sleeping
  * pool workers and runs on the caller alone, unless workers are still spinning from the

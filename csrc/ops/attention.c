@@ -27,7 +27,7 @@
 
 typedef struct attention_job {
     const nm_isa_kernels *row;
-    int64_t batch, heads, kv_heads, lq, lk, d, mask_heads;
+    int64_t batch, heads, kv_heads, lq, lk, kv_rows, d, mask_heads;
     const float *q, *k, *v;
     const uint8_t *allowed;
     float scale;
@@ -93,8 +93,8 @@ static void attention_part(void *ctx, int part, int parts) {
     float *kt = buf, *s = kt + d * lk, *e = s + lk, *gather = e + lk, *acc = gather + lk * d;
     for (int64_t t = t0; t < t1; ++t) {
         const int64_t b = t / job->kv_heads, g = t % job->kv_heads;
-        const float *kb = job->k + (b * job->kv_heads + g) * lk * d;
-        const float *vb = job->v + (b * job->kv_heads + g) * lk * d;
+        const float *kb = job->k + (b * job->kv_heads + g) * job->kv_rows * d;
+        const float *vb = job->v + (b * job->kv_heads + g) * job->kv_rows * d;
         for (int64_t j = 0; j < lk; ++j)
             for (int64_t x = 0; x < d; ++x) kt[x * lk + j] = kb[j * d + x];
         for (int64_t r = 0; r < group; ++r) {
@@ -115,14 +115,14 @@ static void attention_part(void *ctx, int part, int parts) {
 }
 
 int nm_attention(const nm_isa_kernels *row, int64_t batch, int64_t heads, int64_t kv_heads,
-                 int64_t lq, int64_t lk, int64_t d, const float *q, const float *k,
-                 const float *v, const uint8_t *allowed, int64_t mask_heads, float scale,
-                 float *out) {
+                 int64_t lq, int64_t lk, int64_t kv_rows, int64_t d, const float *q,
+                 const float *k, const float *v, const uint8_t *allowed, int64_t mask_heads,
+                 float scale, float *out) {
     if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads || lq < 0 || lk < 0 ||
-        d < 1 || (allowed && mask_heads != 1 && mask_heads != heads))
+        kv_rows < lk || d < 1 || (allowed && mask_heads != 1 && mask_heads != heads))
         return NM_EINVAL;
     if (batch == 0 || lq == 0) return NM_OK;
-    attention_job job = {row, batch, heads, kv_heads, lq, lk, d, mask_heads, q, k, v,
+    attention_job job = {row, batch, heads, kv_heads, lq, lk, kv_rows, d, mask_heads, q, k, v,
                          allowed, scale, out, 0};
     const int64_t tasks = batch * kv_heads;
     const double cost = 2.0 * (double)batch * (double)heads * (double)lq * (double)lk * (double)d;

@@ -113,7 +113,7 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
 
 /* 16-bit weights arrive as raw bits (uint16/int16) or as NumPy float16 ('e'); 8-bit ones
  * as bytes */
-static const char *weights_accept(int fmt) {
+const char *weights_accept(int fmt) {
     const int size = nm_format_table[fmt].itemsize;
     return size == 4 ? "f" : size == 2 ? "Hhe" : "Bb";
 }
@@ -124,8 +124,8 @@ static const char *weights_accept(int fmt) {
  * with offsets (Q4_1) has them below the scales, as many rows: its array is twice as tall
  * and its lower half is the offsets. On success *have says whether `sc` was filled (and `view`
  * must be released). */
-static int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
-                      int64_t min_ld, Py_buffer *view, nm_scales *sc, int *have) {
+int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
+               int64_t min_ld, Py_buffer *view, nm_scales *sc, int *have) {
     *have = 0;
     const int scaled = nm_format_table[fmt].scaled;
     if (so == Py_None) {

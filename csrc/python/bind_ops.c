@@ -92,8 +92,8 @@ PyObject *py_attention(PyObject *self, PyObject *args) {
     }
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = nm_attention(current_row, batch, heads, kv_heads, lq, lk, d, q.buf, k.buf, v.buf,
-                          have_m ? m.buf : NULL, mask_heads, scale, o.buf);
+    status = nm_attention(current_row, batch, heads, kv_heads, lq, lk, lk, d, q.buf, k.buf,
+                          v.buf, have_m ? m.buf : NULL, mask_heads, scale, o.buf);
     Py_END_ALLOW_THREADS
     if (status == NM_ENOMEM)
         PyErr_NoMemory();

@@ -1,6 +1,7 @@
 /* narrowmm._core: what the binding's files share (one file a job: module.c the module,
  * bind_buffers.c the buffer checks, bind_matmul.c, bind_codecs.c, bind_info.c the ISA
- * rows, threads and probes, bind_ops.c the model ops). Built with hidden visibility: only
+ * rows, threads and probes, bind_ops.c the model ops, bind_model.c the decoder step).
+ * Built with hidden visibility: only
  * PyInit__core and the narrowmm_* thread controls leave the library. */
 #ifndef NM_BINDING_H
 #define NM_BINDING_H
@@ -36,6 +37,12 @@ int overlaps_buffer(const matrix *out, const Py_buffer *v);
 int parse_format(int fmt);
 int get_vector(PyObject *obj, const char *what, int writable, Py_buffer *v);
 
+/* bind_matmul.c: the item formats a format's weights may arrive in, and a matmul's scales
+ * argument checked into an nm_scales (see there) */
+const char *weights_accept(int fmt);
+int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k, int64_t min_ld,
+               Py_buffer *view, nm_scales *sc, int *have);
+
 /* bind_info.c: the index of the ISA row called `name` in nm_isa_table, or -1 */
 int find_row(const char *name);
 
@@ -65,5 +72,9 @@ PyObject *py_formats(PyObject *self, PyObject *noargs);
 PyObject *py_attention(PyObject *self, PyObject *args);
 PyObject *py_rms_norm(PyObject *self, PyObject *args);
 PyObject *py_silu(PyObject *self, PyObject *args);
+PyObject *py_llama_plan(PyObject *self, PyObject *args);
+PyObject *py_llama_reset(PyObject *self, PyObject *args);
+PyObject *py_llama_step(PyObject *self, PyObject *args);
+PyObject *py_llama_length(PyObject *self, PyObject *arg);
 
 #endif

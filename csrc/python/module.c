@@ -29,6 +29,13 @@ static PyMethodDef methods[] = {
      "attention(q, k, v, allowed or None, scale, out): ops/attention.c."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, eps, out): rows of x, no weight."},
     {"silu", py_silu, METH_VARARGS, "silu(x, out): x / (1 + exp(-x)), elementwise."},
+    {"llama_plan", py_llama_plan, METH_VARARGS,
+     "llama_plan(config, embed, final_norm, lm_head, layers): a decoder (model/llama.c)."},
+    {"llama_reset", py_llama_reset, METH_VARARGS,
+     "llama_reset(plan, batch, capacity, cos, sin): an empty cache and the rotary table."},
+    {"llama_step", py_llama_step, METH_VARARGS,
+     "llama_step(plan, tokens, positions, start, logits): one step (nm_llama_step)."},
+    {"llama_length", py_llama_length, METH_O, "llama_length(plan): positions cached."},
     {"matmul_packed", (PyCFunction)(void (*)(void))py_matmul_packed,
      METH_VARARGS | METH_KEYWORDS,
      "matmul_packed(fmt, x, slivers, n, out, accumulate[, scales, block, finite], *, "

@@ -539,9 +539,9 @@ static void test_model_ops(const nm_isa_kernels *row, const nm_isa_kernels *ref)
             }
     o_ref[nq] = o_got[nq] = GUARD;
     nm_set_num_threads(1);
-    int s1 = nm_attention(ref, batch, heads, kv_heads, lq, lk, d, q, k, v, allowed, 1, 0.15f, o_ref);
+    int s1 = nm_attention(ref, batch, heads, kv_heads, lq, lk, lk, d, q, k, v, allowed, 1, 0.15f, o_ref);
     nm_set_num_threads(3);
-    int s2 = nm_attention(row, batch, heads, kv_heads, lq, lk, d, q, k, v, allowed, 1, 0.15f, o_got);
+    int s2 = nm_attention(row, batch, heads, kv_heads, lq, lk, lk, d, q, k, v, allowed, 1, 0.15f, o_got);
     long bad = 0, nans = 0;
     for (int64_t i = 0; i < nq; ++i) bad += !same(o_got[i], o_ref[i]), nans += isnan(o_ref[i]);
     expect(s1 == NM_OK && s2 == NM_OK && bad == 0 && nans == 0 &&

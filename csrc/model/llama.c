@@ -1,0 +1,223 @@
+/* narrowmm: one forward step of a Llama-family decoder in one call, with its KV cache.
+ *
+ * The step is made of the C core's own ops only: nm_matmul / nm_matmul_packed for every
+ * linear layer, nm_rms_norm, nm_silu, nm_attention, and ops/elementwise.c for the products,
+ * sums and the rotary embedding. Each computes what the batch-invariant `transformers`
+ * model (narrowmm.torch, batch_invariant=True) computes with the same ops from Python, in
+ * the same order, so a step gives that model's bits (tests/test_decoder.py checks them
+ * alone, batched, on 1 and 2 threads and on every ISA row). What it saves is everything
+ * between the ops: Python, the framework's module calls, the cache's concatenations and the
+ * mask's construction.
+ *
+ * A step takes T new tokens for each of B sequences. The cache holds `length` positions
+ * before the step; token i of sequence b goes to slot length + i and sees the slots from
+ * start[b] (its first real token: left padding hides the slots before it) to its own. */
+#define _POSIX_C_SOURCE 199309L
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../include/narrowmm.h"
+
+/* Where a step's time goes, when the caller asks (spent != NULL): seconds per part added to
+ * spent[NM_LLAMA_PART_*]. A clock read costs ~20 ns; a step reads it ~15 times a layer. */
+typedef struct part_clock {
+    double *spent;
+    struct timespec last;
+} part_clock;
+
+static void clock_start(part_clock *pc) {
+    if (pc->spent) clock_gettime(CLOCK_MONOTONIC, &pc->last);
+}
+
+/* The time since the last mark goes to `part`. */
+static void clock_mark(part_clock *pc, int part) {
+    if (!pc->spent) return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pc->spent[part] += (double)(now.tv_sec - pc->last.tv_sec) +
+                       1e-9 * (double)(now.tv_nsec - pc->last.tv_nsec);
+    pc->last = now;
+}
+
+int nm_linear_run(const nm_isa_kernels *row, const nm_linear *layer, int64_t m, const float *a,
+                  int64_t lda, float *c, int64_t ldc) {
+    const nm_scales *sc = layer->has_scales ? &layer->scales : NULL;
+    if (layer->packed)
+        return nm_matmul_packed(row, layer->fmt, m, layer->n, layer->k, a, lda, layer->b, c,
+                                ldc, 0, layer->bias, sc);
+    return nm_matmul(row, layer->fmt, m, layer->n, layer->k, a, lda, layer->b, layer->ldb, c,
+                     ldc, 0, layer->bias, sc);
+}
+
+/* The step's working memory, one allocation. */
+typedef struct step_buffers {
+    float *x;      /* rows x hidden: the residual stream */
+    float *xn;     /* rows x hidden: a normalised copy */
+    float *q;      /* rows x heads*d, as the projection writes it */
+    float *kv;     /* rows x kv_heads*d: the new keys, then the new values */
+    float *qh;     /* batch x heads x T x d: rotated queries, head-major for attention */
+    float *att;    /* rows x heads*d: attention's output */
+    float *proj;   /* rows x hidden: an output projection's result */
+    float *gate;   /* rows x intermediate */
+    float *up;     /* rows x intermediate */
+    uint8_t *mask; /* batch x T x (length + T), or unused */
+} step_buffers;
+
+static void *alloc_buffers(const nm_llama *md, int64_t batch, int64_t t, int64_t keys,
+                           step_buffers *sb) {
+    const int64_t rows = batch * t, hd = md->heads * md->head_dim;
+    const int64_t kvd = md->kv_heads * md->head_dim;
+    const int64_t floats = rows * (3 * md->hidden + 3 * hd + kvd + 2 * md->intermediate);
+    const int64_t bytes = floats * (int64_t)sizeof(float) + rows * keys;
+    float *base = malloc((size_t)(bytes > 0 ? bytes : 1));
+    if (!base) return NULL;
+    float *p = base;
+    sb->x = p, p += rows * md->hidden;
+    sb->xn = p, p += rows * md->hidden;
+    sb->q = p, p += rows * hd;
+    sb->kv = p, p += rows * kvd;
+    sb->qh = p, p += rows * hd;
+    sb->att = p, p += rows * hd;
+    sb->proj = p, p += rows * md->hidden;
+    sb->gate = p, p += rows * md->intermediate;
+    sb->up = p, p += rows * md->intermediate;
+    sb->mask = (uint8_t *)p;
+    return base;
+}
+
+/* Normalise `rows` rows of x into y and scale them by the norm's weight, as Llama's RMSNorm
+ * (batch-invariant) does: weight * (x / sqrt(mean(x^2) + eps)). */
+static int norm(const nm_llama *md, int64_t rows, const float *x, const float *weight,
+                float *y) {
+    const int st = nm_rms_norm(rows, md->hidden, x, md->hidden, md->eps, y, md->hidden);
+    if (st == NM_OK) nm_scale_rows(rows, md->hidden, weight, y, md->hidden);
+    return st;
+}
+
+/* The rotated keys and the values of the new tokens into the cache, the rotated queries
+ * into qh (head-major). k and v are the projections' outputs (rows x kv_heads*d). */
+static void rotate_and_store(const nm_llama *md, nm_llama_cache *cache, int64_t layer,
+                             int64_t batch, int64_t t, const int64_t *positions,
+                             const float *q, const float *k, const float *v, float *qh) {
+    const int64_t d = md->head_dim, hq = md->heads, hk = md->kv_heads, cap = cache->capacity;
+    const int64_t per_layer = cache->batch * hk * cap * d;
+    float *kc = cache->k + layer * per_layer, *vc = cache->v + layer * per_layer;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < t; ++i) {
+            const int64_t r = b * t + i, slot = cache->length + i;
+            const float *cs = md->cos + positions[r] * d, *sn = md->sin + positions[r] * d;
+            for (int64_t h = 0; h < hq; ++h)
+                nm_rotary(d, q + (r * hq + h) * d, cs, sn, qh + ((b * hq + h) * t + i) * d);
+            for (int64_t g = 0; g < hk; ++g) {
+                const int64_t at = ((b * hk + g) * cap + slot) * d;
+                nm_rotary(d, k + (r * hk + g) * d, cs, sn, kc + at);
+                memcpy(vc + at, v + (r * hk + g) * d, (size_t)d * sizeof(float));
+            }
+        }
+    }
+}
+
+/* allowed[b][i][j] for the keys 0..keys-1: from start[b] to the query's own slot. */
+static void build_mask(int64_t batch, int64_t t, int64_t length, int64_t keys,
+                       const int64_t *start, uint8_t *mask) {
+    for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < t; ++i) {
+            uint8_t *row = mask + (b * t + i) * keys;
+            for (int64_t j = 0; j < keys; ++j) row[j] = j >= start[b] && j <= length + i;
+        }
+}
+
+static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache *cache,
+                      int64_t li, int64_t batch, int64_t t, const int64_t *positions,
+                      const uint8_t *mask, step_buffers *sb, part_clock *pc) {
+    const nm_llama_layer *L = &md->layer[li];
+    const int64_t rows = batch * t, hidden = md->hidden, d = md->head_dim;
+    const int64_t hd = md->heads * d, kvd = md->kv_heads * d, inter = md->intermediate;
+    const int64_t keys = cache->length + t, per_layer = cache->batch * md->kv_heads *
+                                                      cache->capacity * d;
+    int st;
+    /* attention block */
+    if ((st = norm(md, rows, sb->x, L->attn_norm, sb->xn)) != NM_OK) return st;
+    clock_mark(pc, NM_LLAMA_PART_NORM);
+    if ((st = nm_linear_run(row, &L->q, rows, sb->xn, hidden, sb->q, hd)) != NM_OK) return st;
+    float *k_new = sb->kv, *v_new = sb->att; /* att is free until attention writes it */
+    if ((st = nm_linear_run(row, &L->k, rows, sb->xn, hidden, k_new, kvd)) != NM_OK) return st;
+    if ((st = nm_linear_run(row, &L->v, rows, sb->xn, hidden, v_new, kvd)) != NM_OK) return st;
+    clock_mark(pc, NM_LLAMA_PART_LINEAR);
+    rotate_and_store(md, cache, li, batch, t, positions, sb->q, k_new, v_new, sb->qh);
+    clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);
+    st = nm_attention(row, batch, md->heads, md->kv_heads, t, keys, cache->capacity, d, sb->qh,
+                      cache->k + li * per_layer, cache->v + li * per_layer, mask, 1, md->scale,
+                      sb->att);
+    if (st != NM_OK) return st;
+    clock_mark(pc, NM_LLAMA_PART_ATTENTION);
+    if ((st = nm_linear_run(row, &L->o, rows, sb->att, hd, sb->proj, hidden)) != NM_OK)
+        return st;
+    clock_mark(pc, NM_LLAMA_PART_LINEAR);
+    nm_add_into(rows * hidden, sb->proj, sb->x);
+    clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);
+    /* MLP block: down(silu(gate(x)) * up(x)) */
+    if ((st = norm(md, rows, sb->x, L->mlp_norm, sb->xn)) != NM_OK) return st;
+    clock_mark(pc, NM_LLAMA_PART_NORM);
+    if ((st = nm_linear_run(row, &L->gate, rows, sb->xn, hidden, sb->gate, inter)) != NM_OK)
+        return st;
+    if ((st = nm_linear_run(row, &L->up, rows, sb->xn, hidden, sb->up, inter)) != NM_OK)
+        return st;
+    clock_mark(pc, NM_LLAMA_PART_LINEAR);
+    if ((st = nm_silu(rows, inter, sb->gate, inter, sb->gate, inter)) != NM_OK) return st;
+    clock_mark(pc, NM_LLAMA_PART_SILU);
+    nm_mul_into(rows * inter, sb->up, sb->gate);
+    clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);
+    if ((st = nm_linear_run(row, &L->down, rows, sb->gate, inter, sb->proj, hidden)) != NM_OK)
+        return st;
+    clock_mark(pc, NM_LLAMA_PART_LINEAR);
+    nm_add_into(rows * hidden, sb->proj, sb->x);
+    clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);
+    return NM_OK;
+}
+
+int nm_llama_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache *cache,
+                  int64_t batch, int64_t t, const int64_t *tokens, const int64_t *positions,
+                  const int64_t *start, float *logits, double *spent) {
+    part_clock pc = {spent, {0, 0}};
+    clock_start(&pc);
+    if (batch != cache->batch || t < 1 || cache->length + t > cache->capacity)
+        return NM_EINVAL;
+    const int64_t rows = batch * t, keys = cache->length + t, hidden = md->hidden;
+    for (int64_t r = 0; r < rows; ++r)
+        if (tokens[r] < 0 || tokens[r] >= md->vocab || positions[r] < 0 ||
+            positions[r] >= md->positions)
+            return NM_EINVAL;
+    int masked = t > 1;
+    for (int64_t b = 0; b < batch; ++b) {
+        if (start[b] < 0 || start[b] > keys) return NM_EINVAL;
+        masked |= start[b] > 0;
+    }
+    step_buffers sb;
+    void *base = alloc_buffers(md, batch, t, masked ? keys : 0, &sb);
+    if (!base) return NM_ENOMEM;
+    if (masked) build_mask(batch, t, cache->length, keys, start, sb.mask);
+    for (int64_t r = 0; r < rows; ++r)
+        memcpy(sb.x + r * hidden, md->embed + tokens[r] * hidden, (size_t)hidden * sizeof(float));
+    clock_mark(&pc, NM_LLAMA_PART_OTHER);
+    int st = NM_OK;
+    for (int64_t li = 0; li < md->layers && st == NM_OK; ++li)
+        st = layer_step(row, md, cache, li, batch, t, positions, masked ? sb.mask : NULL, &sb,
+                        &pc);
+    if (st == NM_OK) {
+        /* the last token of each sequence: the final norm, then the output layer */
+        for (int64_t b = 0; b < batch; ++b)
+            memcpy(sb.proj + b * hidden, sb.x + (b * t + t - 1) * hidden,
+                   (size_t)hidden * sizeof(float));
+        st = norm(md, batch, sb.proj, md->final_norm, sb.xn);
+        clock_mark(&pc, NM_LLAMA_PART_NORM);
+        if (st == NM_OK) st = nm_linear_run(row, &md->lm_head, batch, sb.xn, hidden, logits,
+                                            md->vocab);
+        clock_mark(&pc, NM_LLAMA_PART_OUTPUT);
+    }
+    if (st == NM_OK) cache->length += t;
+    free(base);
+    clock_mark(&pc, NM_LLAMA_PART_OTHER);
+    return st;
+}
