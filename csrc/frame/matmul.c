@@ -261,12 +261,9 @@ static void row_range(int64_t m, int64_t mr, int part, int parts, int64_t *begin
     *end = min64(m, tiles * (part + 1) / parts * mr);
 }
 
-static void matmul_part(void *ctx, int part, int parts) {
-    (void)parts; /* = row_parts x col_parts */
-    matmul_job *job = ctx;
-    int64_t i0, i1, j0, j1;
-    column_range(job->n, part % job->col_parts, job->col_parts, &j0, &j1);
-    row_range(job->m, job->isa->mr, part / job->col_parts, job->row_parts, &i0, &i1);
+/* The block of C of rows [i0, i1) and columns [j0, j1) (j0 a multiple of NM_COLUMN_GRAIN),
+ * on the calling thread. */
+static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     if (j0 >= j1 || i0 >= i1) return;
     if (job->bias)
         bias_block(i1 - i0, j1 - j0, job->bias + j0, job->c + i0 * job->ldc + j0, job->ldc);
@@ -311,6 +308,15 @@ static void matmul_part(void *ctx, int part, int parts) {
     }
 }
 
+static void matmul_part(void *ctx, int part, int parts) {
+    (void)parts; /* = row_parts x col_parts */
+    matmul_job *job = ctx;
+    int64_t i0, i1, j0, j1;
+    column_range(job->n, part % job->col_parts, job->col_parts, &j0, &j1);
+    row_range(job->m, job->isa->mr, part / job->col_parts, job->row_parts, &i0, &i1);
+    matmul_block(job, i0, i1, j0, j1);
+}
+
 /* Jobs below this cost (in tile multiply-adds) do not wake sleeping workers: in a model,
  * framework code between layers outlasts the workers' spin, and waking a sleeping worker
  * cost 100-200 us in the VM narrowmm was tuned on (a 384 x 384 bf16 layer at m = 12 took
@@ -337,10 +343,11 @@ static int worth_waking(int64_t m, int64_t n, int64_t k) {
                                   : (double)m * (double)n * (double)k);
 }
 
-static int matmul_run(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, int64_t k,
-                      const float *a, int64_t lda, const uint8_t *b, int64_t ldb, int packed,
-                      float *c, int64_t ldc, int accumulate, const float *bias,
-                      const nm_scales *scales) {
+/* A job's fields, checked: NM_EINVAL for arguments the contract refuses. */
+static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int64_t m,
+                        int64_t n, int64_t k, const float *a, int64_t lda, const uint8_t *b,
+                        int64_t ldb, int packed, float *c, int64_t ldc, int accumulate,
+                        const float *bias, const nm_scales *scales) {
     if (fmt < 0 || fmt >= NM_FMT_COUNT || m < 0 || n < 0 || k < 0) return NM_EINVAL;
     if (bias && accumulate) return NM_EINVAL; /* a chain starts from one value */
     /* a scaled format needs its scales, and only it takes them */
@@ -351,11 +358,23 @@ static int matmul_run(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, 
     /* two rows a byte: whole bytes of k, and blocks of scales that end on one */
     const int64_t kpack = nm_format_table[fmt].kpack;
     if (k % kpack || (scales && scales->bk < k && scales->bk % kpack)) return NM_EINVAL;
-    if (m == 0 || n == 0) return NM_OK;
     const int slot = scales && scales->finite ? nm_finite_slot(fmt) : fmt;
-    matmul_job job = {.isa = isa, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a, .lda = lda,
-                      .b = b, .ldb = ldb, .c = c, .ldc = ldc, .accumulate = accumulate,
-                      .bias = bias, .packed = packed, .scales = scales, .col_parts = 1, .row_parts = 1};
+    *job = (matmul_job){.isa = isa, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a,
+                        .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = ldc,
+                        .accumulate = accumulate, .bias = bias, .packed = packed,
+                        .scales = scales, .col_parts = 1, .row_parts = 1};
+    return NM_OK;
+}
+
+static int matmul_run(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, int64_t k,
+                      const float *a, int64_t lda, const uint8_t *b, int64_t ldb, int packed,
+                      float *c, int64_t ldc, int accumulate, const float *bias,
+                      const nm_scales *scales) {
+    matmul_job job;
+    const int st = matmul_setup(&job, isa, fmt, m, n, k, a, lda, b, ldb, packed, c, ldc,
+                                accumulate, bias, scales);
+    if (st != NM_OK) return st;
+    if (m == 0 || n == 0) return NM_OK;
     if ((double)m * (double)n * (double)k >= (double)NM_PARALLEL_MIN_WORK &&
         worth_waking(m, n, k)) {
         /* Columns first: each weight is then decoded by one thread only. When there are
@@ -383,4 +402,60 @@ int nm_matmul_packed(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, i
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                      int accumulate, const float *bias, const nm_scales *scales) {
     return matmul_run(isa, fmt, m, n, k, a, lda, b, 0, 1, c, ldc, accumulate, bias, scales);
+}
+
+int nm_linear_run(const nm_isa_kernels *isa, const nm_linear *layer, int64_t m, const float *a,
+                  int64_t lda, float *c, int64_t ldc) {
+    return matmul_run(isa, layer->fmt, m, layer->n, layer->k, a, lda, layer->b, layer->ldb,
+                      layer->packed, c, ldc, 0, layer->bias,
+                      layer->has_scales ? &layer->scales : NULL);
+}
+
+/* Several layers on one A, run as one job: their output columns, counted in grains, are
+ * split over the threads together, so one wake-up serves all of them and a narrow layer
+ * (a key or value projection) shares the threads with the others instead of running
+ * alone. Each column is still its own chain, computed by one thread: no bit changes. */
+typedef struct matmul_many_job {
+    int count;
+    matmul_job jobs[NM_LINEAR_MANY_MAX];
+    int64_t grains[NM_LINEAR_MANY_MAX + 1]; /* running sum of each layer's column grains */
+} matmul_many_job;
+
+static void matmul_many_part(void *ctx, int part, int parts) {
+    matmul_many_job *mj = ctx;
+    const int64_t total = mj->grains[mj->count];
+    const int64_t g0 = total * part / parts, g1 = total * (part + 1) / parts;
+    for (int i = 0; i < mj->count; ++i) {
+        const int64_t lo = g0 > mj->grains[i] ? g0 : mj->grains[i];
+        const int64_t hi = min64(g1, mj->grains[i + 1]);
+        matmul_job *job = &mj->jobs[i];
+        if (lo < hi)
+            matmul_block(job, 0, job->m, (lo - mj->grains[i]) * NM_COLUMN_GRAIN,
+                         min64(job->n, (hi - mj->grains[i]) * NM_COLUMN_GRAIN));
+    }
+}
+
+int nm_linear_run_many(const nm_isa_kernels *isa, int count, const nm_linear *const layers[],
+                       int64_t m, const float *a, int64_t lda, float *const c[],
+                       const int64_t ldc[]) {
+    if (count < 1 || count > NM_LINEAR_MANY_MAX) return NM_EINVAL;
+    matmul_many_job mj = {.count = count};
+    double cost = 0;
+    for (int i = 0; i < count; ++i) {
+        const nm_linear *L = layers[i];
+        const int st = matmul_setup(&mj.jobs[i], isa, L->fmt, m, L->n, L->k, a, lda, L->b,
+                                    L->ldb, L->packed, c[i], ldc[i], 0, L->bias,
+                                    L->has_scales ? &L->scales : NULL);
+        if (st != NM_OK) return st;
+        mj.grains[i + 1] = mj.grains[i] + (L->n + NM_COLUMN_GRAIN - 1) / NM_COLUMN_GRAIN;
+        cost += (double)(m <= 2 ? NM_GEMV_WEIGHT_COST : m) * (double)L->n * (double)L->k;
+    }
+    if (m == 0) return NM_OK;
+    int parts = 1;
+    if (cost >= (double)NM_PARALLEL_MIN_WORK && nm_worth_waking(cost))
+        parts = (int)min64(nm_get_num_threads(), mj.grains[count]);
+    nm_parallel_run(matmul_many_part, &mj, parts);
+    for (int i = 0; i < count; ++i)
+        if (atomic_load(&mj.jobs[i].failed)) return NM_ENOMEM;
+    return NM_OK;
 }

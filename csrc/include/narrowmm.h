@@ -93,6 +93,14 @@ typedef struct nm_linear {
 int nm_linear_run(const nm_isa_kernels *row, const nm_linear *layer, int64_t m, const float *a,
                   int64_t lda, float *c, int64_t ldc);
 
+/* The same for up to NM_LINEAR_MANY_MAX layers on one A (a Llama layer's q, k and v, or its
+ * gate and up): c[i] (ldc[i]) = a @ W_i, run as one job whose threads split the layers'
+ * columns together. The same bits as a call per layer (frame/matmul.c). */
+#define NM_LINEAR_MANY_MAX 4
+int nm_linear_run_many(const nm_isa_kernels *row, int count, const nm_linear *const layers[],
+                       int64_t m, const float *a, int64_t lda, float *const c[],
+                       const int64_t ldc[]);
+
 /* A Llama-family decoder (model/llama.c): every layer's two RMSNorm weights and seven
  * linear layers, the float32 token embedding (vocab x hidden), the final norm, the output
  * layer, and the rotary table (positions x head_dim cos and sin). */

@@ -40,16 +40,6 @@ static void clock_mark(part_clock *pc, int part) {
     pc->last = now;
 }
 
-int nm_linear_run(const nm_isa_kernels *row, const nm_linear *layer, int64_t m, const float *a,
-                  int64_t lda, float *c, int64_t ldc) {
-    const nm_scales *sc = layer->has_scales ? &layer->scales : NULL;
-    if (layer->packed)
-        return nm_matmul_packed(row, layer->fmt, m, layer->n, layer->k, a, lda, layer->b, c,
-                                ldc, 0, layer->bias, sc);
-    return nm_matmul(row, layer->fmt, m, layer->n, layer->k, a, lda, layer->b, layer->ldb, c,
-                     ldc, 0, layer->bias, sc);
-}
-
 /* The step's working memory, one allocation. */
 typedef struct step_buffers {
     float *x;      /* rows x hidden: the residual stream */
@@ -140,10 +130,14 @@ static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_ca
     /* attention block */
     if ((st = norm(md, rows, sb->x, L->attn_norm, sb->xn)) != NM_OK) return st;
     clock_mark(pc, NM_LLAMA_PART_NORM);
-    if ((st = nm_linear_run(row, &L->q, rows, sb->xn, hidden, sb->q, hd)) != NM_OK) return st;
     float *k_new = sb->kv, *v_new = sb->att; /* att is free until attention writes it */
-    if ((st = nm_linear_run(row, &L->k, rows, sb->xn, hidden, k_new, kvd)) != NM_OK) return st;
-    if ((st = nm_linear_run(row, &L->v, rows, sb->xn, hidden, v_new, kvd)) != NM_OK) return st;
+    {   /* q, k and v as one job */
+        const nm_linear *qkv[3] = {&L->q, &L->k, &L->v};
+        float *const out[3] = {sb->q, k_new, v_new};
+        const int64_t ld[3] = {hd, kvd, kvd};
+        if ((st = nm_linear_run_many(row, 3, qkv, rows, sb->xn, hidden, out, ld)) != NM_OK)
+            return st;
+    }
     clock_mark(pc, NM_LLAMA_PART_LINEAR);
     rotate_and_store(md, cache, li, batch, t, positions, sb->q, k_new, v_new, sb->qh);
     clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);
@@ -160,10 +154,13 @@ static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_ca
     /* MLP block: down(silu(gate(x)) * up(x)) */
     if ((st = norm(md, rows, sb->x, L->mlp_norm, sb->xn)) != NM_OK) return st;
     clock_mark(pc, NM_LLAMA_PART_NORM);
-    if ((st = nm_linear_run(row, &L->gate, rows, sb->xn, hidden, sb->gate, inter)) != NM_OK)
-        return st;
-    if ((st = nm_linear_run(row, &L->up, rows, sb->xn, hidden, sb->up, inter)) != NM_OK)
-        return st;
+    {   /* gate and up as one job */
+        const nm_linear *gu[2] = {&L->gate, &L->up};
+        float *const out[2] = {sb->gate, sb->up};
+        const int64_t ld[2] = {inter, inter};
+        if ((st = nm_linear_run_many(row, 2, gu, rows, sb->xn, hidden, out, ld)) != NM_OK)
+            return st;
+    }
     clock_mark(pc, NM_LLAMA_PART_LINEAR);
     if ((st = nm_silu(rows, inter, sb->gate, inter, sb->gate, inter)) != NM_OK) return st;
     clock_mark(pc, NM_LLAMA_PART_SILU);

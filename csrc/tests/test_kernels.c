@@ -570,6 +570,105 @@ static void test_model_ops(const nm_isa_kernels *row, const nm_isa_kernels *ref)
     free(q), free(k), free(v), free(o_ref), free(o_got), free(allowed), free(x), free(y1), free(y2);
 }
 
+/* An f32 linear layer of random weights (row-major, k x n) with a random bias or none. */
+static nm_linear random_linear(int64_t k, int64_t n, int with_bias, float **keep) {
+    float *w = xmalloc((size_t)(k * n + n) * 4);
+    for (int64_t i = 0; i < k * n + n; ++i) w[i] = 0.3f * next_float();
+    *keep = w;
+    return (nm_linear){.fmt = NM_FMT_F32, .k = k, .n = n, .ldb = n * 4, .b = (const uint8_t *)w,
+                       .bias = with_bias ? w + k * n : NULL};
+}
+
+/* The decoder step (model/llama.c) and the fused linear job: a row on 3 threads gives the
+ * scalar row's one-thread bits, guard cells after the logits stay, a bad token or a full
+ * cache changes nothing. Under the sanitizers this walks every buffer of a step. */
+static void test_decoder_step(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
+    enum { LAYERS = 2, HIDDEN = 64, HEADS = 4, KV = 2, D = 16, INTER = 96, VOCAB = 50,
+           BATCH = 2, CAP = 9, POS = 16 };
+    float *keep[LAYERS * 7 + 1];
+    int kept = 0;
+    nm_llama_layer layers[LAYERS];
+    float *norms = xmalloc((size_t)(2 * LAYERS + 1) * HIDDEN * 4);
+    float *embed = xmalloc((size_t)VOCAB * HIDDEN * 4), *rot = xmalloc((size_t)2 * POS * D * 4);
+    for (int64_t i = 0; i < (2 * LAYERS + 1) * HIDDEN; ++i) norms[i] = 1.0f + 0.1f * next_float();
+    for (int64_t i = 0; i < VOCAB * HIDDEN; ++i) embed[i] = next_float();
+    for (int64_t i = 0; i < 2 * POS * D; ++i) rot[i] = 0.5f * next_float();
+    for (int l = 0; l < LAYERS; ++l) {
+        nm_llama_layer *L = &layers[l];
+        L->attn_norm = norms + 2 * l * HIDDEN, L->mlp_norm = norms + (2 * l + 1) * HIDDEN;
+        L->q = random_linear(HIDDEN, HEADS * D, l == 0, &keep[kept++]);
+        L->k = random_linear(HIDDEN, KV * D, l == 0, &keep[kept++]);
+        L->v = random_linear(HIDDEN, KV * D, 0, &keep[kept++]);
+        L->o = random_linear(HEADS * D, HIDDEN, 0, &keep[kept++]);
+        L->gate = random_linear(HIDDEN, INTER, 0, &keep[kept++]);
+        L->up = random_linear(HIDDEN, INTER, 0, &keep[kept++]);
+        L->down = random_linear(INTER, HIDDEN, 0, &keep[kept++]);
+    }
+    nm_llama md = {.layers = LAYERS, .hidden = HIDDEN, .heads = HEADS, .kv_heads = KV,
+                   .head_dim = D, .intermediate = INTER, .vocab = VOCAB, .positions = POS,
+                   .eps = 1e-5f, .scale = 0.25f, .embed = embed,
+                   .final_norm = norms + 2 * LAYERS * HIDDEN, .cos = rot, .sin = rot + POS * D,
+                   .layer = layers};
+    md.lm_head = random_linear(HIDDEN, VOCAB, 0, &keep[kept++]);
+    const int64_t cache_floats = (int64_t)LAYERS * BATCH * KV * CAP * D;
+    float *logits[2];
+    long bad = 0;
+    int statuses = 0;
+    for (int run = 0; run < 2; ++run) { /* the scalar row on 1 thread, then `row` on 3 */
+        const nm_isa_kernels *r = run ? row : ref;
+        nm_set_num_threads(run ? 3 : 1);
+        nm_llama_cache cache = {.batch = BATCH, .capacity = CAP, .length = 0,
+                                .k = xmalloc((size_t)cache_floats * 4),
+                                .v = xmalloc((size_t)cache_floats * 4)};
+        logits[run] = xmalloc((size_t)(3 * BATCH * VOCAB + 1) * 4);
+        logits[run][3 * BATCH * VOCAB] = GUARD;
+        /* a prompt of 3 (sequence 1 left-padded by one), two decode steps; then refusals */
+        const int64_t tok3[] = {1, 2, 3, 0, 4, 5}, pos3[] = {0, 1, 2, 0, 0, 1}, start[] = {0, 1};
+        statuses |= nm_llama_step(r, &md, &cache, BATCH, 3, tok3, pos3, start, logits[run], NULL);
+        for (int s2 = 0; s2 < 2; ++s2) {
+            const int64_t tok[] = {7 + s2, 9 + s2}, pos[] = {3 + s2, 2 + s2};
+            double spent[NM_LLAMA_PARTS] = {0};
+            statuses |= nm_llama_step(r, &md, &cache, BATCH, 1, tok, pos, start,
+                                      logits[run] + (1 + s2) * BATCH * VOCAB, spent);
+        }
+        const int64_t bad_tok[] = {VOCAB, 1}, pos1[] = {5, 4};
+        const int64_t before = cache.length;
+        const int refused = nm_llama_step(r, &md, &cache, BATCH, 1, bad_tok, pos1, start,
+                                          logits[run], NULL) == NM_EINVAL &&
+                            nm_llama_step(r, &md, &cache, BATCH, CAP, tok3, pos3, start,
+                                          logits[run], NULL) == NM_EINVAL;
+        expect(refused && cache.length == before && before == 5,
+               "%s decoder step: a bad token or a full cache was not refused cleanly", r->isa);
+        free(cache.k), free(cache.v);
+    }
+    for (int64_t i = 0; i < 3 * BATCH * VOCAB; ++i) bad += !same(logits[0][i], logits[1][i]);
+    expect(statuses == NM_OK && bad == 0 && bits_of(logits[1][3 * BATCH * VOCAB]) ==
+               bits_of(GUARD),
+           "%s decoder step: %ld logits differ from the scalar row's", row->isa, bad);
+    /* the fused job against one call per layer, m = 1 and m = 5 */
+    const nm_linear *three[3] = {&layers[0].q, &layers[0].k, &layers[1].v};
+    for (int64_t m = 1; m <= 5; m += 4) {
+        float *a = xmalloc((size_t)(m * HIDDEN) * 4), *one = xmalloc((size_t)(m * 256) * 4),
+              *many = xmalloc((size_t)(m * 256) * 4);
+        for (int64_t i = 0; i < m * HIDDEN; ++i) a[i] = next_float();
+        float *c1[3] = {one, one + m * HEADS * D, one + m * (HEADS + KV) * D};
+        float *c2[3] = {many, many + m * HEADS * D, many + m * (HEADS + KV) * D};
+        const int64_t ld[3] = {HEADS * D, KV * D, KV * D};
+        int st = 0;
+        nm_set_num_threads(1);
+        for (int i = 0; i < 3; ++i) st |= nm_linear_run(ref, three[i], m, a, HIDDEN, c1[i], ld[i]);
+        nm_set_num_threads(3);
+        st |= nm_linear_run_many(row, 3, three, m, a, HIDDEN, c2, ld);
+        long diff = 0;
+        for (int64_t i = 0; i < m * (HEADS + 2 * KV) * D; ++i) diff += !same(one[i], many[i]);
+        expect(st == NM_OK && diff == 0, "%s nm_linear_run_many m=%lld: %ld differ", row->isa,
+               (long long)m, diff);
+        free(a), free(one), free(many);
+    }
+    for (int i = 0; i < kept; ++i) free(keep[i]);
+    free(norms), free(embed), free(rot), free(logits[0]), free(logits[1]);
+}
+
 int main(void) {
     nm_set_wake_min_work(0); /* split every call that can be split: race the pool always */
     nm_isa_kernels ref;
@@ -599,6 +698,7 @@ int main(void) {
 #endif
         test_shapes(&row, &ref);
         test_model_ops(&row, &ref);
+        test_decoder_step(&row, &ref);
         printf("row %s: %s\n", row.isa, failed == before ? "ok" : "FAILED");
     }
     printf("%ld passed, %ld failed\n", passed, failed);

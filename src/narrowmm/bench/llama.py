@@ -143,16 +143,22 @@ class LlamaCppSession:
         self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=64, n_threads=threads,
                          n_threads_batch=threads, logits_all=False, verbose=False)
 
+    def last_logits(self) -> np.ndarray:
+        """The logits of the last token evaluated (a view of llama.cpp's buffer): without
+        ``logits_all``, llama-cpp-python 0.3 no longer copies them into ``scores``."""
+        llm = self.llm
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
     def decode(self, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
         llm = self.llm
         llm.reset()
         llm.eval(prompt)
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(self.last_logits()))
         tokens, times = [token], []
         for _ in range(steps):
             t0 = time.perf_counter()
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = int(np.argmax(self.last_logits()))
             times.append((time.perf_counter() - t0) * 1e3)
             tokens.append(token)
         return tokens, times
