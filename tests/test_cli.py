@@ -167,10 +167,41 @@ def test_bench_model_llama_quick():
                   "--threads", "1")
     assert out.returncode == 0, out.stderr
     report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
-    for system in ("torch f32", "torch bf16", "narrowmm linear", "narrowmm invariant"):
+    for system in ("torch f32", "torch bf16", "narrowmm linear", "narrowmm invariant",
+                   "narrowmm decoder"):
         assert f"\n{system} " in report
     assert "invariant costs" in report and "batch 2 / batch 1" in report
     assert "narrowmm invariant t1 b1: total" in report and "linear layers" in report
+    assert "narrowmm decoder / narrowmm invariant (the same bits)" in report
+    step = report[report.index("narrowmm decoder t1 b1: total"):].splitlines()[0]
+    assert "attention" in step and "output layer" in step and "Python" in step
+
+
+def test_bench_model_gguf_file_quick():
+    """A GGUF file (SmolLM2's) decoded by every system, with the accuracy section: narrowmm
+    agrees with float32 arithmetic on the file's weights to float32 rounding."""
+    import re
+
+    from conftest import require
+
+    require("transformers")
+    require("gguf")
+    out = run_cli("bench", "--model", "smollm2", "--quick", "--batch", "1", "--threads", "1")
+    assert out.returncode == 0, out.stderr
+    report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
+    for system in ("narrowmm decoder", "narrowmm invariant", "narrowmm linear", "torch f32"):
+        assert f"\n{system} " in report
+    assert "narrowmm decoder yes, narrowmm invariant yes" in report
+    line = next(x for x in report.splitlines() if x.strip().startswith("narrowmm decoder   max"))
+    worst = float(re.search(r"max \|diff\| (\S+),", line).group(1))
+    assert worst < 1e-3 and "top-1 agreement 100.0 %" in line, line
+
+
+def test_bench_refuses_a_model_it_does_not_know(tmp_path):
+    out = run_cli("bench", "--model", "gpt9")
+    assert out.returncode != 0 and "expected minilm, llama, smollm2 or a .gguf file" in out.stderr
+    out = run_cli("bench", "--model", str(tmp_path / "missing.gguf"))
+    assert out.returncode != 0 and "no such GGUF file" in out.stderr
 
 
 def test_bench_stays_within_its_memory_budget():

