@@ -212,23 +212,24 @@ def decoder_decode(decoder: Any, prompts: list[list[int]], steps: int,
     ids, mask, positions = left_padded(prompts)
     start = (mask == 0).sum(dim=1).numpy()
     decoder.reset(len(prompts), ids.shape[1] + steps + 1)
-    logits = decoder.step(ids.numpy(), positions.numpy(), start)
-    token = logits.argmax(-1, keepdim=True)
+    buffer = np.empty((len(prompts), decoder.vocab_size), np.float32)
+    logits = decoder.step(ids.numpy(), positions.numpy(), start, out=buffer)
+    token = logits.numpy().argmax(-1)[:, None]
     tokens, times = [token], []
-    position = positions[:, -1:]
+    position = positions[:, -1:].numpy().copy()
     for _ in range(steps):
         if before_step is not None:
             before_step()
         parts: dict[str, float] | None = {} if spent is not None else None
         t0 = time.perf_counter()
-        position = position + 1
-        logits = decoder.step(token.numpy(), position.numpy(), start, spent=parts)
-        token = logits.argmax(-1, keepdim=True)
+        position += 1
+        logits = decoder.step(token, position, start, out=buffer, spent=parts)
+        token = logits.numpy().argmax(-1)[:, None]
         times.append((time.perf_counter() - t0) * 1e3)
         tokens.append(token)
         if spent is not None:
             spent.append(parts)
-    return torch.cat(tokens, dim=1).tolist(), times
+    return torch.from_numpy(np.concatenate(tokens, axis=1)).tolist(), times
 
 
 def decode(system: Any, prompts: list[list[int]], steps: int
