@@ -189,8 +189,10 @@ def test_bench_model_gguf_file_quick():
     out = run_cli("bench", "--model", "smollm2", "--quick", "--batch", "1", "--threads", "1")
     assert out.returncode == 0, out.stderr
     report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
-    for system in ("narrowmm decoder", "narrowmm invariant", "narrowmm linear", "torch f32"):
+    for system in ("narrowmm decoder", "narrowmm invariant", "narrowmm linear", "torch f32",
+                   "narrowmm decoder bf16", "narrowmm invariant bf16"):
         assert f"\n{system} " in report
+    assert "narrowmm decoder bf16 / narrowmm invariant bf16 (the same bits)" in report
     assert "narrowmm decoder yes, narrowmm invariant yes" in report
     line = next(x for x in report.splitlines() if x.strip().startswith("narrowmm decoder   max"))
     worst = float(re.search(r"max \|diff\| (\S+),", line).group(1))

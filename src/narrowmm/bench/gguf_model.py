@@ -10,7 +10,10 @@ The systems, all in this one process, on the same file:
 - ``narrowmm invariant``: that model's own forward through ``transformers`` (the same bits);
 - ``narrowmm linear``: ``from_gguf(path)``, narrowmm's linear layers, PyTorch's other ops;
 - ``torch f32``: ``transformers``' own model of the file, its weights dequantized to
-  float32 when it loads them.
+  float32 when it loads them;
+- ``narrowmm decoder bf16`` / ``narrowmm invariant bf16``: that float32 model converted
+  with ``convert(model, "bf16", batch_invariant=True)``, by the Decoder and through
+  ``transformers`` (the file's weights rounded to bf16: 3.2x the bytes of a Q4_1 file).
 
 Each case (system, threads, batch) decodes as ``narrowmm bench --model llama`` does
 (``bench/llama.py``): prompts prefilled untimed, each greedy step timed with its argmax,
@@ -23,6 +26,7 @@ system one position at a time; every position's logits are compared with ``torch
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib.util
 import os
@@ -32,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .llama import Case, LlamaCppSession, decode, format_report, profile_decoder, set_threads
+from .llama import Case, LlamaCppSession, format_report, profile_decoder, run_rounds, set_threads
 
 PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
 
@@ -74,12 +78,16 @@ def build_systems(path: Path, progress: Any) -> dict[str, Any]:
     folder, name = os.path.split(os.path.abspath(path))
     progress("loading the file into narrowmm (its blocks) and transformers (float32)...")
     invariant = nmt.from_gguf(path, batch_invariant=True, threads=False)
+    f32 = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                            dtype=torch.float32).eval()
+    bf16 = nmt.convert(copy.deepcopy(f32), "bf16", batch_invariant=True, threads=False)
     systems: dict[str, Any] = {
         "narrowmm decoder": nmt.Decoder(invariant),
         "narrowmm invariant": invariant,
         "narrowmm linear": nmt.from_gguf(path, threads=False),
-        "torch f32": transformers.AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, dtype=torch.float32).eval(),
+        "torch f32": f32,
+        "narrowmm decoder bf16": nmt.Decoder(bf16),
+        "narrowmm invariant bf16": bf16,
     }
     gc.collect()
     return systems
@@ -136,32 +144,20 @@ def run(path: Path, threads: list[int], batches: list[int], rounds: int, steps: 
     systems = build_systems(path, progress)
     config = systems["narrowmm invariant"].config
     prompts = fixed_prompts(config.vocab_size, lengths=PROMPT_LENGTHS)
-    sessions = {t: LlamaCppSession(path, t, n_ctx=max(PROMPT_LENGTHS) + steps + 8)
+    sessions = {("llama.cpp", t): LlamaCppSession(path, t, n_ctx=max(PROMPT_LENGTHS) + steps + 8)
                 for t in threads} if have_llama_cpp else {}
     names = (["llama.cpp"] if have_llama_cpp else []) + list(systems)
     cases = [Case(name, t, b) for b in batches for t in threads for name in names
              if not (name == "llama.cpp" and b != 1)]
-    for r in range(rounds):
-        for j in range(len(cases)):
-            case = cases[(r + j) % len(cases)]
-            if case.system == "llama.cpp":
-                tokens, times = sessions[case.threads].decode(prompts[0], steps)
-                tokens = [tokens]
-            else:
-                set_threads(case.system, case.threads)
-                tokens, times = decode(systems[case.system], prompts[:case.batch], steps)
-            time.sleep(0.05)  # let PyTorch's OpenMP workers stop spinning
-            case.step_ms += times
-            case.tokens = tokens
-        progress(f"round {r + 1}/{rounds}: " + ", ".join(
-            f"{c.system} t{c.threads} b{c.batch} {c.tokens_per_s:.1f}" for c in cases))
+    run_rounds(cases, rounds, prompts, steps, systems, sessions, progress)
     info: dict[str, Any] = {"path": str(path), "parameters": sum(
         p.numel() for p in systems["torch f32"].parameters()), "profile": {}}
-    for t in threads:
-        for b in batches:
-            set_threads("narrowmm decoder", t)
-            info["profile"][("narrowmm decoder", t, b)] = profile_decoder(
-                systems["narrowmm decoder"], prompts[:b], steps)
+    for name in ("narrowmm decoder", "narrowmm decoder bf16"):
+        for t in threads:
+            for b in batches:
+                set_threads(name, t)
+                info["profile"][(name, t, b)] = profile_decoder(systems[name], prompts[:b],
+                                                                steps)
     set_threads("narrowmm decoder", 1)
     info["accuracy"] = accuracy(path, systems, have_llama_cpp, progress)
     info["same_tokens"] = _same_tokens(cases)

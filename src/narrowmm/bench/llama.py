@@ -255,6 +255,29 @@ def profile_decoder(decoder: Any, prompts: list[list[int]], steps: int) -> dict[
     return {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
 
 
+def run_rounds(cases: list[Case], rounds: int, prompts: list[list[int]], steps: int,
+               systems: dict[str, Any], llama_cpp: dict[tuple[str, int], LlamaCppSession],
+               progress: Any) -> None:
+    """Every case once a round, the order rotating from round to round so that all systems
+    see the same stretch of a drifting machine; llama.cpp cases (``llama_cpp[(system,
+    threads)]``) decode the first prompt, the others ``case.batch`` prompts."""
+    for r in range(rounds):
+        for j in range(len(cases)):
+            case = cases[(r + j) % len(cases)]
+            if (case.system, case.threads) in llama_cpp:
+                tokens, times = llama_cpp[(case.system, case.threads)].decode(prompts[0],
+                                                                               steps)
+                tokens = [tokens]
+            else:
+                set_threads(case.system, case.threads)
+                tokens, times = decode(systems[case.system], prompts[:case.batch], steps)
+            time.sleep(0.05)  # let PyTorch's OpenMP workers stop spinning
+            case.step_ms += times
+            case.tokens = tokens
+        progress(f"round {r + 1}/{rounds}: " + ", ".join(
+            f"{c.system} t{c.threads} b{c.batch} {c.tokens_per_s:.1f}" for c in cases))
+
+
 def build_torch_systems(base: Any) -> dict[str, Any]:
     import torch
 
@@ -379,21 +402,7 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
     names = sorted({s for s, _ in llama_cpp_sessions}) + list(systems)
     cases = [Case(name, t, b) for b in batches for t in threads for name in names
              if not (name.startswith("llama.cpp") and b != 1)]
-    for r in range(rounds):
-        for j in range(len(cases)):
-            case = cases[(r + j) % len(cases)]
-            if case.system.startswith("llama.cpp"):
-                tokens, times = llama_cpp_sessions[(case.system, case.threads)].decode(
-                    prompts[0], steps)
-                tokens = [tokens]
-            else:
-                set_threads(case.system, case.threads)
-                tokens, times = decode(systems[case.system], prompts[:case.batch], steps)
-            time.sleep(0.05)  # let PyTorch's OpenMP workers stop spinning
-            case.step_ms += times
-            case.tokens = tokens
-        progress(f"round {r + 1}/{rounds}: " + ", ".join(
-            f"{c.system} t{c.threads} b{c.batch} {c.tokens_per_s:.1f}" for c in cases))
+    run_rounds(cases, rounds, prompts, steps, systems, llama_cpp_sessions, progress)
     info["profile"] = {}
     for name in ("narrowmm decoder", "narrowmm invariant", "narrowmm linear"):
         for t in threads:
@@ -447,9 +456,12 @@ def summary_lines(by: dict[tuple[str, int, int], Case], names: list[str], t: int
         if case and best:
             lines.append(f"threads {t}: {case.system} / best llama.cpp ({best.system}) = "
                          f"{case.tokens_per_s / best.tokens_per_s:.2f}x")
-    if dec and inv:
-        lines.append(f"threads {t}: narrowmm decoder / narrowmm invariant (the same bits) = "
-                     f"{dec.tokens_per_s / inv.tokens_per_s:.2f}x")
+    for suffix in ("", " bf16"):  # each decoder against its own model through transformers
+        d, i = by.get((f"narrowmm decoder{suffix}", t, 1)), by.get((f"narrowmm invariant"
+                                                                     f"{suffix}", t, 1))
+        if d and i:
+            lines.append(f"threads {t}: {d.system} / {i.system} (the same bits) = "
+                         f"{d.tokens_per_s / i.tokens_per_s:.2f}x")
     if inv and lin:
         lines.append(f"threads {t}: invariant costs "
                      f"{(1 - inv.tokens_per_s / lin.tokens_per_s) * 100:+.1f} % against "
