@@ -3,6 +3,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import narrowmm as nm
 from narrowmm.cli import main
 
@@ -175,6 +177,26 @@ def test_bench_model_llama_quick():
     assert "narrowmm decoder / narrowmm invariant (the same bits)" in report
     step = report[report.index("narrowmm decoder t1 b1: total"):].splitlines()[0]
     assert "attention" in step and "output layer" in step and "Python" in step
+
+
+def test_bench_model_llama_refuses_a_model_the_memory_cannot_hold():
+    """The 1B run peaks at ~20 GB: on a smaller machine it stops before building anything,
+    saying what it needs, rather than being killed halfway (or taking the machine down)."""
+    from conftest import require
+
+    require("transformers")
+    from narrowmm.bench.llama import check_memory, parameter_count
+    from narrowmm.torch import invariance as inv
+
+    params = parameter_count(inv.llama_config("1b"))
+    model = inv.random_llama(inv.llama_config("small"), require("torch").float32)
+    assert parameter_count(inv.llama_config("small")) == sum(
+        p.numel() for p in model.parameters())
+    assert 1.0e9 < params < 1.2e9
+    with pytest.raises(SystemExit, match=r"needs about 19\.\d GiB, and 16\.0 GiB are "
+                                         r"available: use --size small"):
+        check_memory(params, 16 << 30)
+    check_memory(params, 24 << 30)
 
 
 def test_bench_model_gguf_file_quick():

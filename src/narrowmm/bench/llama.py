@@ -366,13 +366,42 @@ def profile_step(model: Any, prompts: list[list[int]], steps: int) -> dict[str, 
 
 # ---- the run --------------------------------------------------------------------------------
 
+# Peak resident bytes of a run per model parameter: seven copies of the weights in one
+# process (PyTorch float32 and bfloat16, two narrowmm conversions, two GGUF files written
+# and mapped by llama.cpp, the writer's buffers). Measured: 20.5 GB for the 1.10 billion
+# parameters of the 1B shapes (/usr/bin/time -v, docs/results/bench-llama-1b-decoder-*).
+PEAK_BYTES_PER_PARAMETER = 19
+
+
+def check_memory(parameters: int, available: int) -> None:
+    """Refuse a run that would not fit in ``available`` bytes, before building anything."""
+    need = PEAK_BYTES_PER_PARAMETER * parameters
+    if need > available:
+        raise SystemExit(f"narrowmm bench --model llama: this model ({parameters / 1e9:.2f} "
+                         f"billion parameters) needs about {need / 2**30:.1f} GiB, and "
+                         f"{available / 2**30:.1f} GiB are available: use --size small, or "
+                         f"a machine with more memory")
+
+
+def parameter_count(config: Any) -> int:
+    """A Llama config's parameters, counted from its shapes."""
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    d = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    attn = h * d * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    per_layer = attn + 3 * h * inter + 2 * h
+    embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
+    return layers * per_layer + embeddings + h
+
+
 def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: int,
         progress: Any = print) -> tuple[list[Case], dict[str, Any]]:
     import torch
 
     from ..torch import invariance as inv
+    from .machine import mem_available
 
     config = inv.llama_config(size)
+    check_memory(parameter_count(config), mem_available())
     # batch 1 decodes the first prompt; batch 8 all of them, left-padded
     prompts = inv.fixed_prompts(config.vocab_size, lengths=PROMPT_LENGTHS)
     progress(f"building the {size} model (random bf16 weights)...")
