@@ -220,7 +220,8 @@ def test_rms_norm_matches_oracle_across_rows_and_threads(rng):
     assert_same_bits(y, want)
 
 
-def test_silu_matches_oracle_and_specials(rng):
+def test_silu_matches_oracle_and_specials(rng, isa):
+    """On every ISA row: each has SiLU on its own vector width (nm_isa_kernels.silu)."""
     x = np.concatenate([
         (rng.standard_normal(4000) * 6).astype(F32),
         np.array([0.0, -0.0, 1e-45, -1e-45, 88.7, -88.7, 104, -104, 1e30, -1e30,
@@ -230,7 +231,7 @@ def test_silu_matches_oracle_and_specials(rng):
     assert got[-2] == np.inf and np.isnan(got[-1])
     np.testing.assert_allclose(got[:4000], x[:4000] / (1 + np.exp(-x[:4000].astype(np.float64))),
                                rtol=2e-7)
-    # the two-lane loop and the scalar tail compute the same operations
+    # the vector loop and the scalar tail compute the same operations
     for i in range(0, x.size, 7):
         assert_same_bits(ops.silu(x[i:i + 1]), got[i:i + 1])
     with pytest.raises(TypeError, match="float32"):

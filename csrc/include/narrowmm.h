@@ -53,21 +53,25 @@ int nm_matmul_packed(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, i
  * Attention: q [batch][heads][lq][d], k and v [batch][kv_heads][kv_rows][d] of which the
  * first lk rows of each head are the keys (float32, contiguous; kv_rows >= lk lets a
  * preallocated cache be read in place; heads a multiple of kv_heads, query head h reading kv
- * head h / (heads / kv_heads)); allowed [batch][mask_heads][lq][lk] bytes, nonzero where
- * query i may see key j (mask_heads 1 or heads), or NULL for all keys; out
- * [batch][lq][heads][d]. */
+ * head h / (heads / kv_heads)); with keys_transposed, k is [batch][kv_heads][d][kv_rows]
+ * instead (key j of a head in column j: the layout the scores' product reads, which a cache
+ * can keep, so no transpose is built; the same bits); allowed [batch][mask_heads][lq][lk]
+ * bytes, nonzero where query i may see key j (mask_heads 1 or heads), or NULL for all keys;
+ * out [batch][lq][heads][d]. */
 int nm_attention(const nm_isa_kernels *row, int64_t batch, int64_t heads, int64_t kv_heads,
                  int64_t lq, int64_t lk, int64_t kv_rows, int64_t d, const float *q,
-                 const float *k, const float *v, const uint8_t *allowed, int64_t mask_heads,
-                 float scale, float *out);
+                 const float *k, const float *v, int keys_transposed, const uint8_t *allowed,
+                 int64_t mask_heads, float scale, float *out);
 
 /* RMS normalisation of each of `rows` rows of n floats (row i at x + i*ldx, written at
  * out + i*ldo; out may be x): y = x / sqrt(mean(x^2) + eps), without the weight. */
 int nm_rms_norm(int64_t rows, int64_t n, const float *x, int64_t ldx, float eps, float *out,
                 int64_t ldo);
 
-/* SiLU, x / (1 + e^-x), elementwise over rows x n floats (out may be x). */
-int nm_silu(int64_t rows, int64_t n, const float *x, int64_t ldx, float *out, int64_t ldo);
+/* SiLU, x / (1 + e^-x), elementwise over rows x n floats (out may be x), with the row's silu
+ * slot (the same bits on every row). */
+int nm_silu(const nm_isa_kernels *row, int64_t rows, int64_t n, const float *x, int64_t ldx,
+            float *out, int64_t ldo);
 
 /* The elementwise steps of a decoder layer (ops/elementwise.c), one IEEE operation each:
  * x[i][j] = w[j] * x[i][j] over rows of n (ldx apart); x += a; x *= a; and the rotary
@@ -117,8 +121,10 @@ typedef struct nm_llama {
     nm_linear lm_head;
 } nm_llama;
 
-/* Keys and values of `batch` sequences: layer l's keys at k + l * batch*kv_heads*capacity*
- * head_dim, as [batch][kv_heads][capacity][head_dim]; the first `length` slots are filled. */
+/* Keys and values of `batch` sequences, each layer's batch*kv_heads*capacity*head_dim floats
+ * apart: values as [batch][kv_heads][capacity][head_dim], keys transposed as
+ * [batch][kv_heads][head_dim][capacity] (what attention's scores read); the first `length`
+ * slots are filled. */
 typedef struct nm_llama_cache {
     int64_t batch, capacity, length;
     float *k, *v;

@@ -130,6 +130,9 @@ typedef void (*nm_encode8_fn)(const float *src, uint8_t *dst, int64_t n, int sat
 typedef float (*nm_probe_fma_fn)(int64_t iters);
 typedef float (*nm_probe_read_fn)(const float *buf, int64_t n);
 
+/* y[i] = silu(x[i]) for i < n (y may be x) */
+typedef void (*nm_silu_fn)(int64_t n, const float *x, float *y);
+
 typedef struct nm_isa_kernels {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
@@ -161,6 +164,10 @@ typedef struct nm_isa_kernels {
     nm_probe_fma_fn probe_fma;
     int64_t probe_fma_flops;
     nm_probe_read_fn probe_read;
+    /* SiLU over n floats for ops/rowops.c: ops/exact_math.h's operations on the row's widest
+     * double vectors (NM_DEFINE_SILU_ARRAY), so the same bits on every row */
+    nm_silu_fn silu;
+    const char *silu_name;
 } nm_isa_kernels;
 
 /* Set a slot of a row and the C name it is reported by: NM_SET_SLOT(row, gemv, fmt, fn). */

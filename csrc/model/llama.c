@@ -51,6 +51,7 @@ typedef struct step_buffers {
     float *proj;   /* rows x hidden: an output projection's result */
     float *gate;   /* rows x intermediate */
     float *up;     /* rows x intermediate */
+    float *turned; /* head_dim: a rotated key before it is stored as a column */
     uint8_t *mask; /* batch x T x (length + T), or unused */
 } step_buffers;
 
@@ -58,7 +59,8 @@ static void *alloc_buffers(const nm_llama *md, int64_t batch, int64_t t, int64_t
                            step_buffers *sb) {
     const int64_t rows = batch * t, hd = md->heads * md->head_dim;
     const int64_t kvd = md->kv_heads * md->head_dim;
-    const int64_t floats = rows * (3 * md->hidden + 3 * hd + kvd + 2 * md->intermediate);
+    const int64_t floats = rows * (3 * md->hidden + 3 * hd + kvd + 2 * md->intermediate) +
+                           md->head_dim;
     const int64_t bytes = floats * (int64_t)sizeof(float) + rows * keys;
     float *base = malloc((size_t)(bytes > 0 ? bytes : 1));
     if (!base) return NULL;
@@ -72,6 +74,7 @@ static void *alloc_buffers(const nm_llama *md, int64_t batch, int64_t t, int64_t
     sb->proj = p, p += rows * md->hidden;
     sb->gate = p, p += rows * md->intermediate;
     sb->up = p, p += rows * md->intermediate;
+    sb->turned = p, p += md->head_dim;
     sb->mask = (uint8_t *)p;
     return base;
 }
@@ -85,11 +88,13 @@ static int norm(const nm_llama *md, int64_t rows, const float *x, const float *w
     return st;
 }
 
-/* The rotated keys and the values of the new tokens into the cache, the rotated queries
- * into qh (head-major). k and v are the projections' outputs (rows x kv_heads*d). */
+/* The rotated keys (transposed: a key is a column of its head's d x capacity block) and the
+ * values of the new tokens into the cache, the rotated queries into qh (head-major). k and v
+ * are the projections' outputs (rows x kv_heads*d); turned is scratch of d floats. */
 static void rotate_and_store(const nm_llama *md, nm_llama_cache *cache, int64_t layer,
                              int64_t batch, int64_t t, const int64_t *positions,
-                             const float *q, const float *k, const float *v, float *qh) {
+                             const float *q, const float *k, const float *v, float *qh,
+                             float *turned) {
     const int64_t d = md->head_dim, hq = md->heads, hk = md->kv_heads, cap = cache->capacity;
     const int64_t per_layer = cache->batch * hk * cap * d;
     float *kc = cache->k + layer * per_layer, *vc = cache->v + layer * per_layer;
@@ -100,9 +105,10 @@ static void rotate_and_store(const nm_llama *md, nm_llama_cache *cache, int64_t 
             for (int64_t h = 0; h < hq; ++h)
                 nm_rotary(d, q + (r * hq + h) * d, cs, sn, qh + ((b * hq + h) * t + i) * d);
             for (int64_t g = 0; g < hk; ++g) {
-                const int64_t at = ((b * hk + g) * cap + slot) * d;
-                nm_rotary(d, k + (r * hk + g) * d, cs, sn, kc + at);
-                memcpy(vc + at, v + (r * hk + g) * d, (size_t)d * sizeof(float));
+                const int64_t head = (b * hk + g) * cap * d;
+                nm_rotary(d, k + (r * hk + g) * d, cs, sn, turned);
+                for (int64_t x = 0; x < d; ++x) kc[head + x * cap + slot] = turned[x];
+                memcpy(vc + head + slot * d, v + (r * hk + g) * d, (size_t)d * sizeof(float));
             }
         }
     }
@@ -139,11 +145,12 @@ static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_ca
             return st;
     }
     clock_mark(pc, NM_LLAMA_PART_LINEAR);
-    rotate_and_store(md, cache, li, batch, t, positions, sb->q, k_new, v_new, sb->qh);
+    rotate_and_store(md, cache, li, batch, t, positions, sb->q, k_new, v_new, sb->qh,
+                     sb->turned);
     clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);
     st = nm_attention(row, batch, md->heads, md->kv_heads, t, keys, cache->capacity, d, sb->qh,
-                      cache->k + li * per_layer, cache->v + li * per_layer, mask, 1, md->scale,
-                      sb->att);
+                      cache->k + li * per_layer, cache->v + li * per_layer, 1, mask, 1,
+                      md->scale, sb->att);
     if (st != NM_OK) return st;
     clock_mark(pc, NM_LLAMA_PART_ATTENTION);
     if ((st = nm_linear_run(row, &L->o, rows, sb->att, hd, sb->proj, hidden)) != NM_OK)
@@ -162,7 +169,7 @@ static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_ca
             return st;
     }
     clock_mark(pc, NM_LLAMA_PART_LINEAR);
-    if ((st = nm_silu(rows, inter, sb->gate, inter, sb->gate, inter)) != NM_OK) return st;
+    if ((st = nm_silu(row, rows, inter, sb->gate, inter, sb->gate, inter)) != NM_OK) return st;
     clock_mark(pc, NM_LLAMA_PART_SILU);
     nm_mul_into(rows * inter, sb->up, sb->gate);
     clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);

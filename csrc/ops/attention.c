@@ -28,6 +28,7 @@
 typedef struct attention_job {
     const nm_isa_kernels *row;
     int64_t batch, heads, kv_heads, lq, lk, kv_rows, d, mask_heads;
+    int keys_transposed; /* k is [batch][kv_heads][d][kv_rows]: no transpose to build */
     const float *q, *k, *v;
     const uint8_t *allowed;
     float scale;
@@ -35,11 +36,12 @@ typedef struct attention_job {
     atomic_int failed;
 } attention_job;
 
-/* One query row against the keys of its (batch entry, kv head), whose transpose kt (d x lk)
- * the caller built. Buffers: s and e of lk floats, gather of lk * d floats, acc of d. */
+/* One query row against the keys of its (batch entry, kv head), transposed: kt (d rows of
+ * ldkt floats, key j in column j). Buffers: s and e of lk floats, gather of lk * d floats,
+ * acc of d. */
 static void attend_row(const attention_job *job, const float *qi, const float *kt,
-                       const float *vb, const uint8_t *mask_row, float *s, float *e,
-                       float *gather, float *acc, float *o) {
+                       int64_t ldkt, const float *vb, const uint8_t *mask_row, float *s,
+                       float *e, float *gather, float *acc, float *o) {
     const int64_t lk = job->lk, d = job->d;
     int64_t lo = 0, hi = lk, count = lk;
     if (mask_row) {
@@ -54,7 +56,8 @@ static void attend_row(const attention_job *job, const float *qi, const float *k
     }
     const int64_t span = hi - lo;
     memset(s, 0, (size_t)span * sizeof(float));
-    job->row->gemv[NM_FMT_F32](d, span, qi, (const uint8_t *)(kt + lo), lk * 4, s, NULL, NULL);
+    job->row->gemv[NM_FMT_F32](d, span, qi, (const uint8_t *)(kt + lo), ldkt * 4, s, NULL,
+                               NULL);
     float mx = -INFINITY;
     for (int64_t j = 0; j < span; ++j) {
         if (mask_row && !mask_row[lo + j]) continue;
@@ -62,15 +65,16 @@ static void attend_row(const attention_job *job, const float *qi, const float *k
         if (s[j] > mx) mx = s[j];
     }
     const int holes = count != span;
-    float sum = 0.0f;
     int64_t c = 0;
-    for (int64_t j = 0; j < span; ++j) {
+    for (int64_t j = 0; j < span; ++j) { /* the allowed keys' t_j - mx, in key order */
         if (mask_row && !mask_row[lo + j]) continue;
-        e[c] = nm_expf(s[j] - mx);
-        sum += e[c];
+        e[c] = s[j] - mx;
         if (holes) memcpy(gather + c * d, vb + (lo + j) * d, (size_t)d * sizeof(float));
         ++c;
     }
+    nm_expf_array(count, e, e); /* nm_expf of each, several keys at a time */
+    float sum = 0.0f;
+    for (int64_t j = 0; j < count; ++j) sum += e[j];
     memset(acc, 0, (size_t)d * sizeof(float));
     job->row->gemv[NM_FMT_F32](count, d, e, (const uint8_t *)(holes ? gather : vb + lo * d),
                                d * 4, acc, NULL, NULL);
@@ -95,8 +99,13 @@ static void attention_part(void *ctx, int part, int parts) {
         const int64_t b = t / job->kv_heads, g = t % job->kv_heads;
         const float *kb = job->k + (b * job->kv_heads + g) * job->kv_rows * d;
         const float *vb = job->v + (b * job->kv_heads + g) * job->kv_rows * d;
-        for (int64_t j = 0; j < lk; ++j)
-            for (int64_t x = 0; x < d; ++x) kt[x * lk + j] = kb[j * d + x];
+        const float *keys = kb;
+        int64_t ldkt = job->kv_rows;
+        if (!job->keys_transposed) {
+            for (int64_t j = 0; j < lk; ++j)
+                for (int64_t x = 0; x < d; ++x) kt[x * lk + j] = kb[j * d + x];
+            keys = kt, ldkt = lk;
+        }
         for (int64_t r = 0; r < group; ++r) {
             const int64_t h = g * group + r;
             for (int64_t i = 0; i < lq; ++i) {
@@ -107,7 +116,7 @@ static void attention_part(void *ctx, int part, int parts) {
                     mask_row = job->allowed + ((b * job->mask_heads + mh) * lq + i) * lk;
                 }
                 float *o = job->out + ((b * lq + i) * job->heads + h) * d;
-                attend_row(job, qi, kt, vb, mask_row, s, e, gather, acc, o);
+                attend_row(job, qi, keys, ldkt, vb, mask_row, s, e, gather, acc, o);
             }
         }
     }
@@ -116,14 +125,15 @@ static void attention_part(void *ctx, int part, int parts) {
 
 int nm_attention(const nm_isa_kernels *row, int64_t batch, int64_t heads, int64_t kv_heads,
                  int64_t lq, int64_t lk, int64_t kv_rows, int64_t d, const float *q,
-                 const float *k, const float *v, const uint8_t *allowed, int64_t mask_heads,
-                 float scale, float *out) {
+                 const float *k, const float *v, int keys_transposed, const uint8_t *allowed,
+                 int64_t mask_heads, float scale, float *out) {
     if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads || lq < 0 || lk < 0 ||
         kv_rows < lk || d < 1 || (allowed && mask_heads != 1 && mask_heads != heads))
         return NM_EINVAL;
     if (batch == 0 || lq == 0) return NM_OK;
-    attention_job job = {row, batch, heads, kv_heads, lq, lk, kv_rows, d, mask_heads, q, k, v,
-                         allowed, scale, out, 0};
+    attention_job job = {row,     batch, heads, kv_heads, lq, lk,    kv_rows, d,
+                         mask_heads, keys_transposed != 0, q, k,  v,       allowed,
+                         scale,   out,   0};
     const int64_t tasks = batch * kv_heads;
     const double cost = 2.0 * (double)batch * (double)heads * (double)lq * (double)lk * (double)d;
     int parts = 1;

@@ -79,45 +79,80 @@ static inline float nm_silu_value(float x) {
 
 #if defined(__GNUC__)
 #define NM_HAVE_VECTOR_EXP 1
+
+/* nm_exp_d on the lanes of a GNU C vector type (VD doubles, VI and VU 64-bit integers of the
+ * same width): the same operations, selections done with masks. One body for every width,
+ * so the two-lane version below and the ISA rows' wider ones (kernels/<isa>/, compiled with
+ * their flags) perform the same IEEE operations on every element. */
+#define NM_DEFINE_VECTOR_EXP(NAME, VD, VI, VU)                                               \
+    static inline VD NAME(VD x) {                                                            \
+        const VD zero = {0}, lo = zero - 746.0, hi = zero + 710.0;                          \
+        const VD shifter = zero + NM_EXP_SHIFTER;                                           \
+        const VI below = x < lo, above = x > hi, nan = x != x;                              \
+        VD xc = (VD)(((VI)x & ~below) | ((VI)lo & below));                                  \
+        xc = (VD)(((VI)xc & ~above) | ((VI)hi & above));                                    \
+        xc = (VD)((VI)xc & ~nan); /* a NaN lane computes on 0 and is put back below */      \
+        const VD t = xc * NM_INV_LN2 + shifter;                                             \
+        const VD k = t - shifter;                                                           \
+        /* k + 2048 is positive: an unsigned shift (SSE2 has no 64-bit arithmetic one) */   \
+        const VU kk = (VU)t - (VU)shifter + 2048;                                           \
+        const VU k1 = kk >> 1, k2 = kk - k1;                                                \
+        const VD r = (xc - k * NM_LN2_HI) - k * NM_LN2_LO;                                  \
+        VD p = zero + NM_EXP_C12;                                                           \
+        NM_EXP_POLY(p, r);                                                                  \
+        const VD e = (p * (VD)((k1 - 1) << 52)) * (VD)((k2 - 1) << 52);                     \
+        return (VD)(((VI)e & ~nan) | ((VI)x & nan));                                        \
+    }
+
+/* y[i] = x[i] / (1 + e^-x[i]) (SiLU, nm_silu_value) for i < n, y may be x: four vectors of
+ * LANES a step, independent chains that hide the polynomial's latency; the rest one at a
+ * time. EXP is an NM_DEFINE_VECTOR_EXP function on VD. */
+#define NM_DEFINE_SILU_ARRAY(NAME, VD, LANES, EXP)                                           \
+    static inline void NAME(int64_t n, const float *x, float *y) {                          \
+        int64_t i = 0;                                                                       \
+        const VD one = (VD){0} + 1.0;                                                        \
+        for (; i + 4 * (LANES) <= n; i += 4 * (LANES)) {                                     \
+            VD v[4];                                                                         \
+            for (int j = 0; j < 4; ++j) {                                                    \
+                VD w = {0};                                                                  \
+                for (int l = 0; l < (LANES); ++l) w[l] = (double)x[i + j * (LANES) + l];     \
+                v[j] = w;                                                                    \
+            }                                                                                \
+            for (int j = 0; j < 4; ++j) v[j] = v[j] / (one + EXP(-v[j]));                    \
+            for (int j = 0; j < 4; ++j)                                                      \
+                for (int l = 0; l < (LANES); ++l) y[i + j * (LANES) + l] = (float)v[j][l];   \
+        }                                                                                    \
+        for (; i < n; ++i) y[i] = nm_silu_value(x[i]);                                       \
+    }
+
 typedef double nm_v2d __attribute__((vector_size(16)));
 typedef int64_t nm_v2i __attribute__((vector_size(16)));
 typedef uint64_t nm_v2u __attribute__((vector_size(16)));
-
-/* nm_exp_d on two lanes: the same operations, selections done with masks. */
-static inline nm_v2d nm_exp_v2d(nm_v2d x) {
-    const nm_v2d lo = {-746.0, -746.0}, hi = {710.0, 710.0};
-    const nm_v2d shifter = {NM_EXP_SHIFTER, NM_EXP_SHIFTER};
-    const nm_v2i below = x < lo, above = x > hi, nan = x != x;
-    nm_v2d xc = (nm_v2d)(((nm_v2i)x & ~below) | ((nm_v2i)lo & below));
-    xc = (nm_v2d)(((nm_v2i)xc & ~above) | ((nm_v2i)hi & above));
-    xc = (nm_v2d)((nm_v2i)xc & ~nan); /* a NaN lane computes on 0 and is put back below */
-    const nm_v2d t = xc * NM_INV_LN2 + shifter;
-    const nm_v2d k = t - shifter;
-    /* k + 2048 is positive: an unsigned shift (SSE2 has no 64-bit arithmetic one) */
-    const nm_v2u kk = (nm_v2u)t - (nm_v2u)shifter + 2048;
-    const nm_v2u k1 = kk >> 1, k2 = kk - k1;
-    const nm_v2d r = (xc - k * NM_LN2_HI) - k * NM_LN2_LO;
-    nm_v2d p = {NM_EXP_C12, NM_EXP_C12};
-    NM_EXP_POLY(p, r);
-    const nm_v2d e = (p * (nm_v2d)((k1 - 1) << 52)) * (nm_v2d)((k2 - 1) << 52);
-    return (nm_v2d)(((nm_v2i)e & ~nan) | ((nm_v2i)x & nan));
-}
+NM_DEFINE_VECTOR_EXP(nm_exp_v2d, nm_v2d, nm_v2i, nm_v2u)
 #endif
 
-/* y[i] = nm_silu_value(x[i]) for i < n (y may be x). Eight elements a step: four
- * independent two-lane chains hide the polynomial's latency. */
-static inline void nm_silu_array(int64_t n, const float *x, float *y) {
+/* y[i] = nm_expf(x[i]) for i < n (y may be x): the same values, eight a step as below. */
+static inline void nm_expf_array(int64_t n, const float *x, float *y) {
     int64_t i = 0;
 #if defined(NM_HAVE_VECTOR_EXP)
-    const nm_v2d one = {1.0, 1.0};
     for (; i + 8 <= n; i += 8) {
         nm_v2d v[4];
         for (int j = 0; j < 4; ++j) v[j] = (nm_v2d){(double)x[i + 2 * j], (double)x[i + 2 * j + 1]};
-        for (int j = 0; j < 4; ++j) v[j] = v[j] / (one + nm_exp_v2d(-v[j]));
+        for (int j = 0; j < 4; ++j) v[j] = nm_exp_v2d(v[j]);
         for (int j = 0; j < 8; ++j) y[i + j] = (float)v[j / 2][j % 2];
     }
 #endif
-    for (; i < n; ++i) y[i] = nm_silu_value(x[i]);
+    for (; i < n; ++i) y[i] = nm_expf(x[i]);
 }
+
+/* y[i] = nm_silu_value(x[i]) for i < n (y may be x), two lanes at a time: the portable
+ * rows' SiLU (the SIMD rows have wider copies of the same operations: nm_isa_kernels.silu). */
+#if defined(NM_HAVE_VECTOR_EXP)
+NM_DEFINE_SILU_ARRAY(nm_silu_array, nm_v2d, 2, nm_exp_v2d)
+#else
+static inline void nm_silu_array(int64_t n, const float *x, float *y) {
+    for (int64_t i = 0; i < n; ++i) y[i] = nm_silu_value(x[i]);
+}
+#endif
 
 #endif

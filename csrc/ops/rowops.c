@@ -4,6 +4,7 @@
  * IEEE operations in the same order. Threads take whole rows. */
 #include <math.h>
 #include <stdatomic.h>
+#include <stddef.h>
 
 #include "../include/narrowmm.h"
 #include "../frame/threads.h"
@@ -11,6 +12,7 @@
 
 typedef struct rows_job {
     int op; /* 0: rms_norm, 1: silu */
+    const nm_isa_kernels *row; /* silu: the row's silu slot */
     int64_t rows, n;
     const float *x;
     int64_t ldx;
@@ -30,8 +32,6 @@ static void rms_norm_row(int64_t n, const float *x, float eps, float *y) {
     for (int64_t p = 0; p < n; ++p) y[p] = x[p] * r;
 }
 
-static void silu_row(int64_t n, const float *x, float *y) { nm_silu_array(n, x, y); }
-
 static void rows_part(void *ctx, int part, int parts) {
     const rows_job *job = ctx;
     const int64_t r0 = job->rows * part / parts, r1 = job->rows * (part + 1) / parts;
@@ -41,7 +41,7 @@ static void rows_part(void *ctx, int part, int parts) {
         if (job->op == 0)
             rms_norm_row(job->n, x, job->eps, y);
         else
-            silu_row(job->n, x, y);
+            job->row->silu(job->n, x, y);
     }
 }
 
@@ -64,11 +64,12 @@ static int rows_run(rows_job *job, double cost_per_element) {
 
 int nm_rms_norm(int64_t rows, int64_t n, const float *x, int64_t ldx, float eps, float *out,
                 int64_t ldo) {
-    rows_job job = {0, rows, n, x, ldx, eps, out, ldo};
+    rows_job job = {0, NULL, rows, n, x, ldx, eps, out, ldo};
     return rows_run(&job, NM_NORM_COST);
 }
 
-int nm_silu(int64_t rows, int64_t n, const float *x, int64_t ldx, float *out, int64_t ldo) {
-    rows_job job = {1, rows, n, x, ldx, 0.0f, out, ldo};
+int nm_silu(const nm_isa_kernels *row, int64_t rows, int64_t n, const float *x, int64_t ldx,
+            float *out, int64_t ldo) {
+    rows_job job = {1, row, rows, n, x, ldx, 0.0f, out, ldo};
     return rows_run(&job, NM_SILU_COST);
 }

@@ -93,7 +93,7 @@ PyObject *py_attention(PyObject *self, PyObject *args) {
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = nm_attention(current_row, batch, heads, kv_heads, lq, lk, lk, d, q.buf, k.buf,
-                          v.buf, have_m ? m.buf : NULL, mask_heads, scale, o.buf);
+                          v.buf, 0, have_m ? m.buf : NULL, mask_heads, scale, o.buf);
     Py_END_ALLOW_THREADS
     if (status == NM_ENOMEM)
         PyErr_NoMemory();
@@ -134,7 +134,7 @@ static PyObject *rows_call(PyObject *xo, PyObject *oo, int norm, float eps) {
         int status;
         Py_BEGIN_ALLOW_THREADS
         status = norm ? nm_rms_norm(rows, n, x.buf, n, eps, o.buf, n)
-                      : nm_silu(rows, n, x.buf, n, o.buf, n);
+                      : nm_silu(current_row, rows, n, x.buf, n, o.buf, n);
         Py_END_ALLOW_THREADS
         if (status == NM_ENOMEM)
             PyErr_NoMemory();

@@ -539,28 +539,51 @@ static void test_model_ops(const nm_isa_kernels *row, const nm_isa_kernels *ref)
             }
     o_ref[nq] = o_got[nq] = GUARD;
     nm_set_num_threads(1);
-    int s1 = nm_attention(ref, batch, heads, kv_heads, lq, lk, lk, d, q, k, v, allowed, 1, 0.15f, o_ref);
+    int s1 = nm_attention(ref, batch, heads, kv_heads, lq, lk, lk, d, q, k, v, 0, allowed, 1, 0.15f, o_ref);
     nm_set_num_threads(3);
-    int s2 = nm_attention(row, batch, heads, kv_heads, lq, lk, lk, d, q, k, v, allowed, 1, 0.15f, o_got);
+    int s2 = nm_attention(row, batch, heads, kv_heads, lq, lk, lk, d, q, k, v, 0, allowed, 1, 0.15f, o_got);
     long bad = 0, nans = 0;
     for (int64_t i = 0; i < nq; ++i) bad += !same(o_got[i], o_ref[i]), nans += isnan(o_ref[i]);
     expect(s1 == NM_OK && s2 == NM_OK && bad == 0 && nans == 0 &&
                bits_of(o_got[nq]) == bits_of(GUARD),
            "%s attention: %ld differ from the scalar row, %ld NaN", row->isa, bad, nans);
+    /* the keys given transposed, in heads of lk + 3 columns (a cache's spare slots hold
+     * NaN): the same bits */
+    const int64_t rows_kt = lk + 3;
+    float *kt = xmalloc((size_t)(batch * kv_heads * d * rows_kt) * 4);
+    float *vt = xmalloc((size_t)(batch * kv_heads * rows_kt * d) * 4);
+    for (int64_t i = 0; i < batch * kv_heads * d * rows_kt; ++i) kt[i] = vt[i] = NAN;
+    for (int64_t hb = 0; hb < batch * kv_heads; ++hb)
+        for (int64_t j = 0; j < lk; ++j)
+            for (int64_t x = 0; x < d; ++x) {
+                kt[(hb * d + x) * rows_kt + j] = k[(hb * lk + j) * d + x];
+                vt[(hb * rows_kt + j) * d + x] = v[(hb * lk + j) * d + x];
+            }
+    o_got[nq] = GUARD;
+    int s3 = nm_attention(row, batch, heads, kv_heads, lq, lk, rows_kt, d, q, kt, vt, 1,
+                          allowed, 1, 0.15f, o_got);
+    bad = 0;
+    for (int64_t i = 0; i < nq; ++i) bad += !same(o_got[i], o_ref[i]);
+    expect(s3 == NM_OK && bad == 0 && bits_of(o_got[nq]) == bits_of(GUARD),
+           "%s attention on transposed keys: %ld differ", row->isa, bad);
+    free(kt), free(vt);
     /* the row ops: 3 threads against 1, and in place */
     const int64_t rows = 7, n = 300;
     float *x = xmalloc((size_t)(rows * n) * 4), *y1 = xmalloc((size_t)(rows * n + 1) * 4),
           *y2 = xmalloc((size_t)(rows * n + 1) * 4);
     for (int64_t i = 0; i < rows * n; ++i) x[i] = 4.0f * next_float();
+    /* the exp's clamps and NaN lanes, inside a vector of every row's width */
+    const float specials[] = {NAN, INFINITY, -INFINITY, 800.0f, -800.0f, 1e-40f, -0.0f, 88.0f};
+    for (int i = 0; i < 8; ++i) x[37 + 3 * i] = specials[i];
     for (int op = 0; op < 2; ++op) {
         y1[rows * n] = y2[rows * n] = GUARD;
         nm_set_num_threads(1);
         if (op == 0) nm_rms_norm(rows, n, x, n, 1e-5f, y1, n);
-        else nm_silu(rows, n, x, n, y1, n);
+        else nm_silu(ref, rows, n, x, n, y1, n);
         memcpy(y2, x, (size_t)(rows * n) * 4);
         nm_set_num_threads(3);
         if (op == 0) nm_rms_norm(rows, n, y2, n, 1e-5f, y2, n);
-        else nm_silu(rows, n, y2, n, y2, n);
+        else nm_silu(row, rows, n, y2, n, y2, n);
         long diff = 0;
         for (int64_t i = 0; i < rows * n; ++i) diff += !same(y1[i], y2[i]);
         expect(diff == 0 && bits_of(y2[rows * n]) == bits_of(GUARD),

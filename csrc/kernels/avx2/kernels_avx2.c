@@ -10,6 +10,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
+#include "../../ops/exact_math.h" /* SiLU: one body, as wide as the row's vectors */
 #include "../x86_common.h"
 
 #define MR 4
@@ -295,9 +296,19 @@ static float probe_read_avx2(const float *buf, int64_t n) {
     return out[0] + out[7];
 }
 
+/* ---- SiLU: ops/exact_math.h's operations, 4 doubles a vector ---------------------- */
+
+typedef double v4d_avx2 __attribute__((vector_size(32)));
+typedef int64_t v4i_avx2 __attribute__((vector_size(32)));
+typedef uint64_t v4u_avx2 __attribute__((vector_size(32)));
+NM_DEFINE_VECTOR_EXP(exp_v4d_avx2, v4d_avx2, v4i_avx2, v4u_avx2)
+NM_DEFINE_SILU_ARRAY(silu_avx2, v4d_avx2, 4, exp_v4d_avx2)
+
 void nm_fill_row_avx2(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx2";
+    row->silu = silu_avx2;
+    row->silu_name = "silu_avx2";
     row->mr = MR;
     row->nr = NR;
     row->kc = 256; /* a 24 KiB sliver, which the tiles below the first reuse from L1 */

@@ -14,6 +14,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
+#include "../../ops/exact_math.h" /* SiLU: one body, as wide as the row's vectors */
 #include "../x86_common.h"
 
 #define MR 8
@@ -271,9 +272,19 @@ static float probe_read_avx512(const float *buf, int64_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
+/* ---- SiLU: ops/exact_math.h's operations, 8 doubles a vector ---------------------- */
+
+typedef double v8d_avx512 __attribute__((vector_size(64)));
+typedef int64_t v8i_avx512 __attribute__((vector_size(64)));
+typedef uint64_t v8u_avx512 __attribute__((vector_size(64)));
+NM_DEFINE_VECTOR_EXP(exp_v8d_avx512, v8d_avx512, v8i_avx512, v8u_avx512)
+NM_DEFINE_SILU_ARRAY(silu_avx512, v8d_avx512, 8, exp_v8d_avx512)
+
 void nm_fill_row_avx512(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx512";
+    row->silu = silu_avx512;
+    row->silu_name = "silu_avx512";
     row->mr = MR;
     row->nr = NR;
     row->kc = 128; /* a 16 KiB sliver and a 4 KiB A micro-panel stay in a 32 KiB L1 */

@@ -7,6 +7,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
+#include "../../ops/exact_math.h" /* SiLU: one body, as wide as the row's vectors */
 
 /* One definition of each gemv: straight i-p-j, B streamed row by row exactly once. */
 #define NM_DEFINE_GEMV(NAME, LOAD)                                                         \
@@ -161,6 +162,9 @@ static float probe_read_scalar(const float *buf, int64_t n) {
     return s;
 }
 
+/* SiLU: ops/exact_math.h's two-lane version (GNU C vectors; plain C elsewhere) */
+static void silu_scalar(int64_t n, const float *x, float *y) { nm_silu_array(n, x, y); }
+
 void nm_fill_row_scalar(nm_isa_kernels *row) {
     memset(row, 0, sizeof *row);
     row->isa = "scalar";
@@ -174,6 +178,8 @@ void nm_fill_row_scalar(nm_isa_kernels *row) {
     NM_SET_MATMUL_SLOTS(row, pack, scalar);
     row->ukernel = ukernel_4x8_scalar;
     row->ukernel_name = "ukernel_4x8_scalar";
+    row->silu = silu_scalar;
+    row->silu_name = "silu_scalar";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, scalar);
     /* no faster decode for finite FP8 weights in portable C: the exact kernels serve them */
     NM_SET_FINITE_SLOTS(row, gemv_packed, scalar);
