@@ -88,13 +88,14 @@ static void attention_part(void *ctx, int part, int parts) {
     if (t0 == t1) return;
     const int64_t lk = job->lk, d = job->d, lq = job->lq;
     const int64_t group = job->heads / job->kv_heads;
-    /* kt (d x lk), s and e (lk each), gather (lk x d), acc (d) */
-    float *buf = malloc((size_t)(2 * d * lk + 2 * lk + d) * sizeof(float));
+    /* kt (d x lk, unless the keys come transposed), s and e (lk each), gather (lk x d), acc */
+    const int64_t kt_floats = job->keys_transposed ? 0 : d * lk;
+    float *buf = malloc((size_t)(kt_floats + d * lk + 2 * lk + d) * sizeof(float));
     if (!buf) {
         atomic_store(&job->failed, 1);
         return;
     }
-    float *kt = buf, *s = kt + d * lk, *e = s + lk, *gather = e + lk, *acc = gather + lk * d;
+    float *kt = buf, *s = kt + kt_floats, *e = s + lk, *gather = e + lk, *acc = gather + lk * d;
     for (int64_t t = t0; t < t1; ++t) {
         const int64_t b = t / job->kv_heads, g = t % job->kv_heads;
         const float *kb = job->k + (b * job->kv_heads + g) * job->kv_rows * d;
