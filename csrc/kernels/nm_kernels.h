@@ -205,7 +205,16 @@ typedef struct nm_isa_kernels {
      NM_SET_SLOT(row, encode, NM_FMT_BF16, encode_bf16_##isa))
 
 /* Each ISA folder provides one function filling a row; a SIMD row starts as a copy of the
- * scalar row and overrides the slots it implements, so no slot is ever empty. */
+ * scalar row and overrides the slots it implements, so no slot is ever empty.
+ * Every row is filled at import, on every CPU, whether it runs the row or not, so a fill is
+ * compiled for its architecture's baseline (NM_ROW_FILL): with its file's flags, GCC merges
+ * the pointer stores into that row's widest vectors (AVX-512 stores killed the import on an
+ * AVX2-only Zen 3). tests/test_portable_import.py runs the import on a CPU without AVX-512. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define NM_ROW_FILL __attribute__((target("arch=x86-64")))
+#else
+#define NM_ROW_FILL
+#endif
 void nm_fill_row_scalar(nm_isa_kernels *row);
 #if defined(NM_HAVE_AVX2)
 void nm_fill_row_avx2(nm_isa_kernels *row);

@@ -304,7 +304,7 @@ typedef uint64_t v4u_avx2 __attribute__((vector_size(32)));
 NM_DEFINE_VECTOR_EXP(exp_v4d_avx2, v4d_avx2, v4i_avx2, v4u_avx2)
 NM_DEFINE_SILU_ARRAY(silu_avx2, v4d_avx2, 4, exp_v4d_avx2)
 
-void nm_fill_row_avx2(nm_isa_kernels *row) {
+NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx2";
     row->silu = silu_avx2;

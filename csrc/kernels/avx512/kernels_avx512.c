@@ -280,7 +280,7 @@ typedef uint64_t v8u_avx512 __attribute__((vector_size(64)));
 NM_DEFINE_VECTOR_EXP(exp_v8d_avx512, v8d_avx512, v8i_avx512, v8u_avx512)
 NM_DEFINE_SILU_ARRAY(silu_avx512, v8d_avx512, 8, exp_v8d_avx512)
 
-void nm_fill_row_avx512(nm_isa_kernels *row) {
+NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx512";
     row->silu = silu_avx512;

@@ -241,7 +241,7 @@ static float probe_read_neon(const float *buf, int64_t n) {
     return vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 3);
 }
 
-void nm_fill_row_neon(nm_isa_kernels *row) {
+NM_ROW_FILL void nm_fill_row_neon(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "neon";
     row->mr = MR;

@@ -165,7 +165,7 @@ static float probe_read_scalar(const float *buf, int64_t n) {
 /* SiLU: ops/exact_math.h's two-lane version (GNU C vectors; plain C elsewhere) */
 static void silu_scalar(int64_t n, const float *x, float *y) { nm_silu_array(n, x, y); }
 
-void nm_fill_row_scalar(nm_isa_kernels *row) {
+NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     memset(row, 0, sizeof *row);
     row->isa = "scalar";
     row->mr = SCALAR_MR;
