@@ -28,6 +28,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # then the runtime report (which names every row's kernels). Prints the outputs' bits.
 CHILD = r"""
 import json, sys
+import numpy as np
 import narrowmm as nm
 import narrowmm._core as core
 
