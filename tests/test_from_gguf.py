@@ -101,3 +101,38 @@ def test_the_query_and_key_rows_are_permuted_as_transformers_does(smollm2):
         want = processor.process(weights=f[gguf_name].decode(), name=gguf_name).weights
         got = module.weights().decode().T
         assert_same_bits(np.ascontiguousarray(got), np.ascontiguousarray(want))
+
+
+def test_a_q4_0_file_written_by_gguf_py_runs_as_its_float32_model(tmp_path):
+    """tools/write_llama_gguf.py (the file behind the 1B Q4_0 bench) at a small shape: a
+    Q4_0 file, llama.cpp's layout, written by gguf-py. Every linear layer holds its Q4_0
+    blocks, greedy tokens equal transformers' float32 model of the file, the logits agree
+    to float32 rounding, and the Decoder gives the model's own bits."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "write_llama_gguf.py"
+    path = tmp_path / "small-q4_0.gguf"
+    subprocess.run([sys.executable, str(tool), str(path), "--hidden", "256", "--layers", "2",
+                    "--ffn", "512", "--heads", "4", "--kv-heads", "2"], check=True,
+                   capture_output=True, timeout=300)
+    model = nmt.from_gguf(path, batch_invariant=True, threads=1)
+    layers = dict(nmt.converted_layers(model))
+    assert len(layers) == 2 * 7 + 1
+    assert {m.format.name for n, m in layers.items() if n != "lm_head"} == {"q4_0"}
+    assert model.config.num_key_value_heads == 2 and model.config.intermediate_size == 512
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32)
+    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314]])
+    with torch.inference_mode():
+        ours = model.generate(ids, max_new_tokens=8, do_sample=False)
+        theirs = reference.generate(ids, max_new_tokens=8, do_sample=False)
+        assert torch.equal(ours, theirs)
+        logits = model(theirs).logits
+        diff = (logits - reference(theirs).logits).abs().max().item()
+    assert diff < 1e-4 * max(1.0, logits.abs().max().item())
+    decoder = nmt.Decoder(model)
+    decoder.reset(1, theirs.shape[1])
+    steps = decoder.step(theirs, torch.arange(theirs.shape[1])[None], [0])
+    assert_same_bits(steps[0].numpy(), logits[0, -1].numpy())

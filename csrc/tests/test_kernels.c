@@ -384,10 +384,11 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     const int64_t kpack = nm_format_table[fmt].kpack;
     k = (k + kpack - 1) / kpack * kpack;
     const int64_t stored = k / kpack;
-    /* scales for a scaled format: a block of 1, 4 or 128 rows, or one for all of k; the
-     * row is padded to whole slivers of every row (96 columns) for the packed layout */
-    static const int64_t blocks[] = {1, 4, 128, 1 << 30};
-    const int64_t bk0 = blocks[next_u64() % 4], sld = (n + 95) / 96 * 96 + 3;
+    /* scales for a scaled format: a block of 1, 4, 48 or 128 rows, or one for all of k
+     * (48 divides no row's kc, so k blocks end at blocks of scales inside a kc); the row
+     * is padded to whole slivers of every row (96 columns) for the packed layout */
+    static const int64_t blocks[] = {1, 4, 48, 128, 1 << 30};
+    const int64_t bk0 = blocks[next_u64() % 5], sld = (n + 95) / 96 * 96 + 3;
     const int64_t bk = bk0 % kpack ? bk0 * kpack : bk0;
     const int64_t nblocks = k ? (k + bk - 1) / bk : 1;
     float *sv = xmalloc((size_t)(nblocks * sld) * 4);
