@@ -26,12 +26,15 @@ def test_info_json_schema():
     for k in info["kernels"]:
         assert k["provider"] == "native"
         assert k["kernel"].replace("(m=1)", "").strip()
+    # the row's own SiLU, or the portable one it inherits (neon has none of its own)
+    assert info["model_ops"]["silu"] in (f"silu_{info['isa']}", "silu_scalar")
 
 
 def test_info_text(capsys):
     assert main(["info"]) == 0
     text = capsys.readouterr().out
     assert "isa:" in text and "matmul fp16 native" in " ".join(text.split())
+    assert f"model ops: silu {nm.runtime_info()['model_ops']['silu']}, rms_norm" in text
 
 
 def test_check_passes_here():

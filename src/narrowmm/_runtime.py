@@ -73,6 +73,10 @@ def runtime_info() -> dict[str, Any]:
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
                        "reason": p.unavailable_reason()} for p in providers()],
         "kernels": kernels,
+        # narrowmm.ops (the C core only): SiLU has a kernel per ISA row, RMS norm and
+        # attention one portable C function each
+        "model_ops": ({"silu": c.kernel_names("silu", 0)[0], "rms_norm": "ops/rowops.c",
+                       "attention": "ops/attention.c"} if c else {}),
         "environment_problems": _environ.problems(),
     }
 
@@ -122,3 +126,5 @@ def show_runtime(as_json: bool = False) -> None:
             if "finite_kernel" in k:
                 print(f"  {'':<6} {'':<6} {'':<9} weights without NaN/Inf codes: "
                       f"{k['finite_kernel']}")
+    ops = ", ".join(f"{op} {name}" for op, name in info["model_ops"].items())
+    print(f"model ops: {ops or 'unavailable (no C core)'}")
