@@ -202,6 +202,24 @@ def test_bench_model_llama_refuses_a_model_the_memory_cannot_hold():
     check_memory(params, 24 << 30)
 
 
+def test_bench_model_gguf_refuses_a_file_the_memory_cannot_hold(monkeypatch):
+    """--model PATH.gguf holds six models of the file at once (13.5 GB for a 1B one): with
+    too little memory it stops before loading anything, naming the file and the need."""
+    from test_gguf import smollm2_path
+
+    from narrowmm.bench import gguf_model, machine
+
+    path = smollm2_path()
+    params = gguf_model.file_parameters(path)
+    assert 1.3e8 < params < 1.4e8  # SmolLM2-135M, its embedding tied to the output
+    monkeypatch.setattr(machine, "mem_available", lambda: 2 << 30)
+    with pytest.raises(SystemExit, match=r"SmolLM2-135M-Instruct\.Q4_1\.gguf: this file's "
+                                         r"model \(0\.13 billion parameters\) needs about "
+                                         r"2\.6 GiB .* and 2\.0 GiB are available"):
+        gguf_model.run(path, [1], [1], rounds=1, steps=1, progress=lambda _: None)
+    gguf_model.check_memory(path, params, 3 << 30)
+
+
 def test_bench_model_gguf_file_quick():
     """A GGUF file (SmolLM2's) decoded by every system, with the accuracy section: narrowmm
     agrees with float32 arithmetic on the file's weights to float32 rounding."""

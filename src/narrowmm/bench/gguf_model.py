@@ -69,6 +69,33 @@ def smollm2_path() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+# Peak resident bytes of a run per parameter of the file, and a floor: six models in one
+# process (narrowmm's two from the file, transformers' float32 one and its deep copy turned
+# bf16, llama.cpp's map of the file). Measured (/usr/bin/time -v): 13.5 GB for the 1.07
+# billion parameters of the 1B-shaped Q4_0 file, 2.6 GB for SmolLM2's 135 million.
+PEAK_BYTES_PER_PARAMETER = 13
+PEAK_BYTES_FLOOR = 1 << 30
+
+
+def file_parameters(path: Path) -> int:
+    """The parameters a GGUF file holds, counted from its tensors' shapes."""
+    import narrowmm as nm
+
+    with nm.load_gguf(path) as f:
+        return sum(int(np.prod(t.ne, dtype=np.int64)) for t in f.info.values())
+
+
+def check_memory(path: Path, parameters: int, available: int) -> None:
+    """Refuse a run that would not fit in ``available`` bytes, before loading anything."""
+    need = PEAK_BYTES_FLOOR + PEAK_BYTES_PER_PARAMETER * parameters
+    if need > available:
+        raise SystemExit(f"narrowmm bench --model {path}: this file's model "
+                         f"({parameters / 1e9:.2f} billion parameters) needs about "
+                         f"{need / 2**30:.1f} GiB for the systems it compares, and "
+                         f"{available / 2**30:.1f} GiB are available: use a smaller file, "
+                         f"or a machine with more memory")
+
+
 def build_systems(path: Path, progress: Any) -> dict[str, Any]:
     import torch
     import transformers
@@ -134,7 +161,9 @@ def accuracy(path: Path, systems: dict[str, Any], have_llama_cpp: bool,
 def run(path: Path, threads: list[int], batches: list[int], rounds: int, steps: int,
         progress: Any = print) -> tuple[list[Case], dict[str, Any]]:
     from ..torch.invariance import fixed_prompts
+    from .machine import mem_available
 
+    check_memory(path, file_parameters(path), mem_available())
     try:
         import llama_cpp  # noqa: F401
         have_llama_cpp = True
