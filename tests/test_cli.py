@@ -220,6 +220,46 @@ def test_bench_model_gguf_refuses_a_file_the_memory_cannot_hold(monkeypatch):
     gguf_model.check_memory(path, params, 3 << 30)
 
 
+FAKE_LLAMA_CPP = """
+import os, signal
+class Llama:
+    def __init__(self, model_path, **kwargs):
+        open(model_path, "rb").close()
+    def eval(self, tokens):
+        how = os.environ.get("FAKE_LLAMA_CPP")
+        if how == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if how == "raise":
+            raise RuntimeError("llama_decode returned -3")
+"""
+
+
+@pytest.mark.parametrize("how, said", [
+    ("segfault", r"llama-cpp-python was killed by SIGSEGV on m\.gguf in a trial run"),
+    ("raise", r"exited with status 1 on m\.gguf .*RuntimeError: llama_decode returned -3"),
+    ("fine", None)])
+def test_bench_leaves_out_a_llama_cpp_that_dies_in_a_trial_run(tmp_path, monkeypatch, how,
+                                                                 said):
+    """A llama-cpp-python that crashes on this CPU (a native build using AMX in a VM that
+    does not enable it) is tried in a child process first: reported and left out, the
+    bench goes on; one that runs is used."""
+    import re
+
+    from narrowmm.bench.llama import llama_cpp_runs
+
+    (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("FAKE_LLAMA_CPP", how)
+    said_lines: list[str] = []
+    assert llama_cpp_runs(tmp_path / "m.gguf", said_lines.append) is (said is None)
+    if said is None:
+        assert said_lines == []
+    else:
+        assert len(said_lines) == 1 and re.search(said, said_lines[0]), said_lines
+        assert "rebuild it for this CPU" in said_lines[0]
+
+
 def test_bench_model_gguf_file_quick():
     """A GGUF file (SmolLM2's) decoded by every system, with the accuracy section: narrowmm
     agrees with float32 arithmetic on the file's weights to float32 rounding."""
@@ -282,3 +322,19 @@ def test_bench_refuses_a_bad_memory_size():
     assert out.returncode != 0 and "NARROWMM_BENCH_MEMORY='lots'" in out.stderr
     out = run_cli("bench", "--quick", "--memory=-1G")
     assert out.returncode != 0 and "--memory='-1G'" in out.stderr
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--model", "smollm2", "--json", "x.json"], "--json: not read by --model smollm2"),
+    (["--model", "minilm", "--format", "q4_0", "--no-peers"],
+     "--format, --no-peers: not read by --model minilm"),
+    (["--model", "llama", "--shape", "64,64"], "takes --batch, --threads, --quick, --size)"),
+    (["--size", "small"], "--size: only --model llama takes it"),
+    (["--model", "smollm2", "--size", "small"], "--size: only --model llama takes it")])
+def test_bench_refuses_options_its_model_bench_would_ignore(capsys, argv, said):
+    """A model bench prints its report and reads only --batch, --threads, --quick (and
+    --size for llama): any other option is refused up front, not silently dropped."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2
+    assert said in capsys.readouterr().err

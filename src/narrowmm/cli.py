@@ -106,8 +106,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# bench options that only the kernel bench reads: a model bench refuses them rather than
+# ignore them (a --json file that never appears, say)
+KERNEL_BENCH_ONLY = ("shape", "format", "cache", "layout", "isa", "no_peers", "memory", "json",
+                     "plot")
+
+
+def _check_bench_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [name for name in KERNEL_BENCH_ONLY if getattr(args, name)]
+    if args.model and given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        parser.error(f"{flags}: not read by --model {args.model}, which prints its report "
+                     "(the model benches take --batch, --threads, --quick"
+                     + (", --size)" if args.model == "llama" else ")"))
+    if args.size and args.model != "llama":
+        parser.error("--size: only --model llama takes it")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        _check_bench_options(parser, args)
     if args.command == "info":
         from ._runtime import show_runtime
 

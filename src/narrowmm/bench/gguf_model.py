@@ -36,7 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from .llama import Case, LlamaCppSession, format_report, profile_decoder, run_rounds, set_threads
+from .llama import (
+    Case,
+    LlamaCppSession,
+    format_report,
+    llama_cpp_runs,
+    profile_decoder,
+    run_rounds,
+    set_threads,
+)
 
 PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
 
@@ -170,6 +178,8 @@ def run(path: Path, threads: list[int], batches: list[int], rounds: int, steps: 
     except ImportError as exc:
         progress(f"llama.cpp not timed ({exc}): pip install llama-cpp-python")
         have_llama_cpp = False
+    if have_llama_cpp:
+        have_llama_cpp = llama_cpp_runs(path, progress)
     systems = build_systems(path, progress)
     config = systems["narrowmm invariant"].config
     prompts = fixed_prompts(config.vocab_size, lengths=PROMPT_LENGTHS)

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import copy
 import gc
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -133,6 +136,47 @@ def write_gguf(model: Any, path: Path, fmt: str) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+# What the child of llama_cpp_runs does: load the file and evaluate a few tokens.
+_LLAMA_CPP_TRIAL = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_batch=64, n_threads=1, n_threads_batch=1,
+            verbose=False)
+llm.eval([1, 2, 3, 4])
+"""
+LLAMA_CPP_TRIAL_SECONDS = 300
+
+
+def llama_cpp_runs(path: Path, progress: Any = print) -> bool:
+    """Whether llama.cpp loads ``path`` and evaluates a few tokens, tried in a child
+    process first. A llama-cpp-python build can die on the CPU it was built on (a native
+    build whose AMX kernels the VM's kernel does not let run segfaults in its first
+    ``eval``); such a build is reported and left out of the bench instead of taking the
+    bench's process down with it."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _LLAMA_CPP_TRIAL, str(path)],
+                              capture_output=True, text=True,
+                              timeout=LLAMA_CPP_TRIAL_SECONDS)
+    except subprocess.TimeoutExpired:
+        progress(f"llama.cpp not timed: a trial run on {path.name} took over "
+                 f"{LLAMA_CPP_TRIAL_SECONDS} s")
+        return False
+    if proc.returncode == 0:
+        return True
+    if proc.returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-proc.returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-proc.returncode}"
+    else:
+        how = f"exited with status {proc.returncode}"
+    last = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+    progress(f"llama.cpp not timed: llama-cpp-python {how} on {path.name} in a trial run "
+             f"in a child process{f' ({last})' if last else ''}; rebuild it for this CPU "
+             "(docs/decoder.md, 'llama.cpp for the comparison')")
+    return False
 
 
 class LlamaCppSession:
@@ -423,6 +467,8 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
             path = Path(tmp.name) / f"model-{fmt.lower()}.gguf"
             progress(f"writing {path.name}...")
             write_gguf(base, path, fmt)
+            if not llama_cpp_runs(path, progress):
+                continue
             for t in threads:
                 llama_cpp_sessions[(f"llama.cpp {fmt}", t)] = LlamaCppSession(
                     path, t, n_ctx=max(PROMPT_LENGTHS) + steps + 8)
