@@ -38,7 +38,7 @@ def test_every_linear_layer_holds_the_files_blocks(smollm2):
     assert len(layers) == 30 * 7 + 1
     assert {m.format.name for n, m in layers.items() if n != "lm_head"} == {"q4_1"}
     assert layers["lm_head"].format.name == "q8_0"  # tied: the embedding's own blocks
-    assert not any(m.packed for m in layers.values())  # block formats: row-major by default
+    assert all(m.packed for m in layers.values())  # packed by default, every format
     assert not any(p.is_meta for p in model.parameters())
     assert model.model.embed_tokens.weight.dtype == torch.float32
 
@@ -84,6 +84,18 @@ def test_batch_invariant_logits_are_the_same_alone_and_batched():
     nmt.set_num_threads(None)
     assert_same_bits(b.numpy(), a.numpy())
     assert_same_bits(c.numpy(), a.numpy())
+
+
+def test_row_major_layers_give_the_packed_layers_bits(smollm2):
+    """pack=False keeps the file's blocks row-major: every layer row-major, and the
+    model's logits the same bits as the default, packed, model's."""
+    path, tokenizer, packed = smollm2
+    rows = nmt.from_gguf(path, pack=False)
+    assert not any(m.packed for _, m in nmt.converted_layers(rows))
+    ids = tokenizer([PROMPT, "Two prompts in one batch, row by row"], return_tensors="pt",
+                    padding=True).input_ids
+    with torch.inference_mode():
+        assert_same_bits(rows(ids).logits.numpy(), packed(ids).logits.numpy())
 
 
 def test_the_query_and_key_rows_are_permuted_as_transformers_does(smollm2):

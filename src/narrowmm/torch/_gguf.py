@@ -83,16 +83,8 @@ def _gguf_names(model: torch.nn.Module, arch: str, layers: int, path: str) -> di
     return names
 
 
-def _pack_by_default(w: TorchWeights) -> bool:
-    """The faster layout of a layer's format at batch 1: packed for 16- and 32-bit weights;
-    row-major for GGUF's block formats, whose kernels the frame calls once per block of
-    scales, which loses the packed layout's long streams (docs/kernels.md: ffn_up, 2
-    threads, q4 row-major 2.4 ms against 5.0 packed)."""
-    return not w.format.gguf_block
-
-
 def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
-              threads: bool | int = True, pack: bool | None = None) -> torch.nn.Module:
+              threads: bool | int = True, pack: bool = True) -> torch.nn.Module:
     """A ``transformers`` causal language model built from a GGUF file, every linear layer
     a :class:`Linear` holding the file's own blocks (Q8_0, Q4_0, Q4_1 as they are; Q5_0,
     Q4_K, Q6_K as the exact q8_0 / q4_1 weights of :func:`narrowmm.load_gguf`; F16 / BF16 /
@@ -111,9 +103,11 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         batch_invariant: also replace the model's other ops (attention, RMSNorm, SiLU,
             rotary), as :func:`narrowmm.torch.convert` does.
         threads: as :func:`narrowmm.torch.convert`.
-        pack: store each layer in the CPU's packed layout (True), row-major (False), or,
-            by default, the faster of the two for its format at batch 1: row-major for
-            GGUF's block formats today, packed for the others.
+        pack: store each layer in the CPU's packed layout (True, the default: the same
+            bits, each column's weights one stream) or row-major (False). On the block
+            formats packed measured 1.7-2.3x row-major on an Intel Xeon for layers of up to
+            2048 columns and about even from 4096 on, and 0.87-0.97x on AMD Zen 3 and
+            Zen 4 (docs/decoder.md, "Packed or row-major block weights").
 
     Raises:
         GGUFError: a malformed file; ValueError: a tensor of a type narrowmm does not load
@@ -140,8 +134,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         if isinstance(module, torch.nn.Linear) and param == "weight":
             w = f[gguf_name]
             order = _row_order(processor, gguf_name, w.out_features)
-            layer = Linear.from_weights(w if order is None else _rows(w, order),
-                                        pack=_pack_by_default(w) if pack is None else pack)
+            layer = Linear.from_weights(w if order is None else _rows(w, order), pack=pack)
             parent_name, _, child = module_name.rpartition(".")
             setattr(modules[parent_name] if parent_name else model, child, layer)
         else:
@@ -155,8 +148,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         if embedding is None or not getattr(config, "tie_word_embeddings", False):
             raise ValueError(f"{path}: no output layer and no tied embedding to use for it")
         tied = f[embedding]
-        model.lm_head = Linear.from_weights(
-            tied, pack=_pack_by_default(tied) if pack is None else pack)
+        model.lm_head = Linear.from_weights(tied, pack=pack)
     _materialise_buffers(model, config)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
