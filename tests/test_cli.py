@@ -328,7 +328,7 @@ def test_bench_refuses_a_bad_memory_size():
     (["--model", "smollm2", "--json", "x.json"], "--json: not read by --model smollm2"),
     (["--model", "minilm", "--format", "q4_0", "--no-peers"],
      "--format, --no-peers: not read by --model minilm"),
-    (["--model", "llama", "--shape", "64,64"], "takes --batch, --threads, --quick, --size)"),
+    (["--model", "llama", "--shape", "64,64"], "take --batch, --threads, --quick, --size)"),
     (["--size", "small"], "--size: only --model llama takes it"),
     (["--model", "smollm2", "--size", "small"], "--size: only --model llama takes it")])
 def test_bench_refuses_options_its_model_bench_would_ignore(capsys, argv, said):
