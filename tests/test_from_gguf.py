@@ -38,7 +38,7 @@ def test_every_linear_layer_holds_the_files_blocks(smollm2):
     assert len(layers) == 30 * 7 + 1
     assert {m.format.name for n, m in layers.items() if n != "lm_head"} == {"q4_1"}
     assert layers["lm_head"].format.name == "q8_0"  # tied: the embedding's own blocks
-    assert all(m.packed for m in layers.values())  # packed by default, every format
+    assert all(m.packed for m in layers.values())  # narrower than 4096: packed
     assert not any(p.is_meta for p in model.parameters())
     assert model.model.embed_tokens.weight.dtype == torch.float32
 
@@ -96,6 +96,28 @@ def test_row_major_layers_give_the_packed_layers_bits(smollm2):
                     padding=True).input_ids
     with torch.inference_mode():
         assert_same_bits(rows(ids).logits.numpy(), packed(ids).logits.numpy())
+
+
+@pytest.mark.parametrize("fmt, out_features, packed", [
+    ("q4_0", 4064, True), ("q4_0", 4096, False), ("q4_1", 11008, False),
+    ("q8_0", 49152, True), ("bf16", 8192, True)])
+def test_which_layers_are_packed_by_default(fmt, out_features, packed):
+    """from_gguf's default: every layer packed but the 4-bit ones of 4096 output features or
+    more (their row-major walk streams long runs; docs/decoder.md)."""
+    import narrowmm as nm
+    from narrowmm.torch._gguf import ROW_MAJOR_MIN_COLUMNS, _pack_by_default
+
+    assert ROW_MAJOR_MIN_COLUMNS == 4096
+    values = np.zeros((out_features, 32), np.float32)
+    if fmt == "bf16":
+        w = nm.TorchWeights.wrap(torch.zeros(out_features, 32, dtype=torch.bfloat16))
+    else:
+        q = nm.Weights.quantize(values.T, fmt)  # (in, out), GGUF's blocks along `in`
+        w = nm.TorchWeights(np.ascontiguousarray(q.bits.T), fmt,
+                            q.scales.transpose(),
+                            None if q.offsets is None else q.offsets.transpose())
+    assert w.out_features == out_features
+    assert _pack_by_default(w) is packed
 
 
 def test_the_query_and_key_rows_are_permuted_as_transformers_does(smollm2):

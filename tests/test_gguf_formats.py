@@ -160,6 +160,18 @@ def test_quantize_gives_gguf_blocks_bit_for_bit(fmt, shape):
     assert_same_bits(q.decode(), gguf_values(w, fmt))
 
 
+@pytest.mark.parametrize("fmt", [*FORMATS, "e4m3fn", "e5m2"])
+def test_quantize_takes_a_transposed_view(fmt):
+    """Weights.quantize(w.T) of a PyTorch-layout array (a column-major view) gives the
+    blocks of its contiguous copy (Q8_0's codes came out column-major and were refused)."""
+    v = np.random.default_rng(3).standard_normal((96, 64), dtype=np.float32)
+    got = nm.Weights.quantize(v.T, fmt)
+    want = nm.Weights.quantize(np.ascontiguousarray(v.T), fmt)
+    assert got.bits.flags.c_contiguous
+    assert np.array_equal(got.bits, want.bits)
+    assert_same_bits(got.decode(), want.decode())
+
+
 def test_quantize_refuses_what_gguf_cannot_store():
     w = np.full((32, 2), 1.0, np.float32)
     w[3, 1] = 1e10

@@ -427,7 +427,8 @@ def _quantize_gguf_symmetric(cls: type[Weights], a: np.ndarray, fmt: Format,
     cols = np.zeros(n, np.intp) if block[1] == 0 else np.arange(n) // block[1]
     with np.errstate(all="ignore"):
         codes = roundf(a * inv[rows][:, cols])
-    bits = codes.astype(np.int8).view(np.uint8)
+    # C order whatever the input's: a transposed view makes the product column-major
+    bits = codes.astype(np.int8, order="C").view(np.uint8)
     return cls.from_bits(bits, fmt, Scales(d16.astype(np.float32), block))
 
 
