@@ -108,11 +108,10 @@ def test_which_layers_are_packed_by_default(fmt, out_features, packed):
     from narrowmm.torch._gguf import ROW_MAJOR_MIN_COLUMNS, _pack_by_default
 
     assert ROW_MAJOR_MIN_COLUMNS == 4096
-    values = np.zeros((out_features, 32), np.float32)
     if fmt == "bf16":
         w = nm.TorchWeights.wrap(torch.zeros(out_features, 32, dtype=torch.bfloat16))
-    else:
-        q = nm.Weights.quantize(values.T, fmt)  # (in, out), GGUF's blocks along `in`
+    else:  # (in, out) weights, GGUF's blocks along `in`, turned to PyTorch's layout
+        q = nm.Weights.quantize(np.zeros((32, out_features), np.float32), fmt)
         w = nm.TorchWeights(np.ascontiguousarray(q.bits.T), fmt,
                             q.scales.transpose(),
                             None if q.offsets is None else q.offsets.transpose())
