@@ -446,7 +446,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  * and every template below reads L bytes of one stored row for 2 x L weights: the L low
  * nibbles feed row 2r's chains, then the L high ones row 2r + 1's, p ascending as always.
  * k is even; the frame cuts it at the scales' blocks (even too). A row gives:
- *   NIBBLES(p, lo, hi)   the codes of L bytes at p, as float32 (exact), into VECs lo, hi
+ *   NIBBLES(p, lo, hi)   the codes of L bytes at p as float32 (exact), into VECs lo, hi: a
+ *                        format's own pair, NIBBLES and DEQ, may agree on a shifted code
+ *                        (q - 8 for Q4_0, where a lookup table gives it for free)
  *   DEQ(q, sp, op)       the L weights of codes q with the scales at sp and offsets at op
  *                        (op unused by a format without offsets: it may be NULL + j)
  *   DEQ1(q, sp, op)      the same for one code (a float)
@@ -642,19 +644,20 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 #define NM_DEQ1_Q4_1(q, sp, op) fmaf((q), *(sp), *(op))
 
 /* Every slot of both 4-bit formats on a row: the gemvs, the packed gemvs, packing, and the
- * first tile as packing then the row's microkernel (UKERNEL; its NR is the row's). */
-#define NM_DEFINE_NIBBLE_FORMATS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA, NIBBLES,  \
-                                 DEQ_Q4_0, DEQ_Q4_1, UKERNEL)                                \
-    NM_DEFINE_NIBBLE_GEMVS(q4_0, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ_Q4_0,    \
-                           NM_DEQ1_Q4_0)                                                     \
-    NM_DEFINE_NIBBLE_GEMVS(q4_1, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ_Q4_1,    \
-                           NM_DEQ1_Q4_1)                                                     \
+ * first tile as packing then the row's microkernel (UKERNEL; its NR is the row's); each
+ * format with its NIBBLES and DEQ pair. */
+#define NM_DEFINE_NIBBLE_FORMATS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,          \
+                                 NIBBLES_Q4_0, DEQ_Q4_0, NIBBLES_Q4_1, DEQ_Q4_1, UKERNEL)    \
+    NM_DEFINE_NIBBLE_GEMVS(q4_0, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_0,         \
+                           DEQ_Q4_0, NM_DEQ1_Q4_0)                                           \
+    NM_DEFINE_NIBBLE_GEMVS(q4_1, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_1,         \
+                           DEQ_Q4_1, NM_DEQ1_Q4_1)                                           \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,    \
-                                  NIBBLES, DEQ_Q4_0)                                         \
+                                  NIBBLES_Q4_0, DEQ_Q4_0)                                    \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,    \
-                                  NIBBLES, DEQ_Q4_1)                                         \
-    NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, STOREC, NIBBLES, DEQ_Q4_0, NM_DEQ1_Q4_0)         \
-    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, STOREC, NIBBLES, DEQ_Q4_1, NM_DEQ1_Q4_1)         \
+                                  NIBBLES_Q4_1, DEQ_Q4_1)                                    \
+    NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, STOREC, NIBBLES_Q4_0, DEQ_Q4_0, NM_DEQ1_Q4_0)    \
+    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1)    \
     NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_0_##ISA, pack_q4_0_##ISA, UKERNEL, NRW)   \
     NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_1_##ISA, pack_q4_1_##ISA, UKERNEL, NRW)
 
