@@ -160,13 +160,33 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
     }
 }
 
+/* Hints (a prefetch never faults) for what sliver_block reads of the k block starting at
+ * row p of the sliver at column j: its weights and its blocks of scales and offsets. For a
+ * sliver decoded a block of scales at a time: `pack` has no arithmetic to hide its misses
+ * behind, and a sliver's scales are a line per block, a grid row (n floats) apart. */
+static void prefetch_sliver_block(const matmul_job *job, int64_t p, int64_t j) {
+    const int64_t nr = job->isa->nr, kpack = nm_format_table[job->fmt].kpack;
+    const int64_t row_bytes = nr * nm_format_table[job->fmt].itemsize;
+    const int64_t pe = k_block_end(job, p, job->isa->kc);
+    int64_t ldb;
+    const char *b = (const char *)weights_at(job, p, j, &ldb);
+    for (int64_t r = 0; r < (pe - p) / kpack; ++r)
+        for (int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(b + r * ldb + x);
+    for (int64_t q = p; q < pe; q += job->scales->bk)
+        for (int64_t x = 0; x < nr; x += 16) {
+            __builtin_prefetch(scales_at(job, q, j) + x);
+            if (job->scales->o) __builtin_prefetch(offsets_at(job, q, j) + x);
+        }
+}
+
 /* The tiles of one kc-row block of one sliver (columns jr.., w <= NR wide) down mc rows:
  * the first tile decodes the sliver from the weights while computing (ukernel_pack), the
  * tiles below reuse the decoded sliver from L1. A sliver narrower than NR (the range's last)
- * is packed first. c_after is the tile computed after the last one here (a prefetch hint). */
+ * is packed first. c_after is the tile computed after the last one here (a prefetch hint);
+ * (p_next, j_next) the k block and sliver decoded after this one (p_next < 0: none). */
 static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t jr, int64_t w,
                          const float *a_block, int64_t mc, float *c_block, float *sliver,
-                         const float *c_after) {
+                         const float *c_after, int64_t p_next, int64_t j_next) {
     const nm_isa_kernels *isa = job->isa;
     const int64_t mr = isa->mr, nr = isa->nr, ldc = job->ldc;
     int64_t ldb;
@@ -183,6 +203,7 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
             isa->pack[job->slot](pe - p, w, b_p, ldb_p, (int)nr, sliver + (p - pc) * nr,
                                  scales_at(job, p, jr), offsets_at(job, p, jr));
         }
+    if (many_scales && p_next >= 0) prefetch_sliver_block(job, p_next, j_next);
     for (int64_t ic = 0; ic < mc; ic += mr) {
         float *c_tile = c_block + ic * ldc + jr;
         const float *c_next = ic + mr < mc ? c_tile + mr * ldc : c_after;
@@ -248,8 +269,9 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                 const float *c_after = pe < k ? c_block + jr
                                        : jr + nr < j_end ? c_block + jr + nr
                                                          : NULL;
+                const int64_t p_next = pe < k ? pe : jr + nr < j_end ? 0 : -1;
                 sliver_block(job, pc, pe - pc, jr, w, a_panel + pc * mc_pad, mc_max, c_block,
-                             sliver, c_after);
+                             sliver, c_after, p_next, pe < k ? jr : jr + nr);
             }
         }
     } else {
@@ -263,7 +285,7 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                 for (int64_t jr = j_begin; jr < j_end; jr += nr) {
                     const float *c_after = jr + nr < j_end ? c_block + jr + nr : NULL;
                     sliver_block(job, pc, kc, jr, min64(nr, j_end - jr), a_panel, mc, c_block,
-                                 sliver, c_after);
+                                 sliver, c_after, jr + nr < j_end ? pc : -1, jr + nr);
                 }
             }
         }
