@@ -110,9 +110,9 @@ static int64_t k_range_end(const matmul_job *job, int64_t p, int64_t len) {
  * of scales ends. For the 4-bit formats (two rows a byte), whose first tile is packing then
  * the microkernel anyway, scales' blocks shorter than kc_max (GGUF's 32 rows) are taken
  * whole, as many as fit: the sliver is decoded a block of scales at a time (sliver_block)
- * and each tile runs down kc_max rows, not 32 (m = 16, warm, 1 thread, Xeon: 1.08-1.15x).
- * The 8-bit formats keep short k blocks: their first tile decodes while it computes, which
- * decoding a block at a time would lose (0.89-0.98x there). */
+ * and each tile runs down kc_max rows, not 32. The 8-bit formats keep short k blocks: their
+ * first tile decodes while it computes, which decoding a block at a time would lose
+ * (docs/kernels.md, "The block formats' speed", has both measurements). */
 static int64_t k_block_end(const matmul_job *job, int64_t p, int64_t kc_max) {
     const nm_scales *sc = job->scales;
     if (sc && sc->bk < kc_max && nm_format_table[job->fmt].kpack > 1)
