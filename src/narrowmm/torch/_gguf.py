@@ -83,22 +83,8 @@ def _gguf_names(model: torch.nn.Module, arch: str, layers: int, path: str) -> di
     return names
 
 
-# 4-bit block layers at least this wide stay row-major by default (from_gguf's pack=None).
-ROW_MAJOR_MIN_COLUMNS = 4096
-
-
-def _pack_by_default(w: TorchWeights) -> bool:
-    """Whether a layer is packed when ``from_gguf`` is not told: every layer but the 4-bit
-    ones (two rows a byte) of ROW_MAJOR_MIN_COLUMNS output features or more. Row-major, a
-    4-bit layer is walked a 32-row block at a time, each of its 16 stored rows one run of n
-    bytes: short runs stream badly (Intel Xeon, one thread: packed 1.4-2.1x row-major for n
-    of 512 to 3072), long ones well (n of 4096 to 11008: Q4_0 packed 0.90-1.08x, Q4_1
-    0.75-0.79x); docs/decoder.md, "Packed or row-major block weights"."""
-    return not (w.format.kpack == 2 and w.out_features >= ROW_MAJOR_MIN_COLUMNS)
-
-
 def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
-              threads: bool | int = True, pack: bool | None = None) -> torch.nn.Module:
+              threads: bool | int = True, pack: bool = True) -> torch.nn.Module:
     """A ``transformers`` causal language model built from a GGUF file, every linear layer
     a :class:`Linear` holding the file's own blocks (Q8_0, Q4_0, Q4_1 as they are; Q5_0,
     Q4_K, Q6_K as the exact q8_0 / q4_1 weights of :func:`narrowmm.load_gguf`; F16 / BF16 /
@@ -117,11 +103,9 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         batch_invariant: also replace the model's other ops (attention, RMSNorm, SiLU,
             rotary), as :func:`narrowmm.torch.convert` does.
         threads: as :func:`narrowmm.torch.convert`.
-        pack: store every layer in the CPU's packed layout (True) or row-major (False);
-            by default (None) every layer is packed but the 4-bit ones (Q4_0, Q4_1, and
-            Q4_K as q4_1) of 4096 output features or more, which stay row-major. The same
-            bits either way; docs/decoder.md ("Packed or row-major block weights") has the
-            measurements behind the rule.
+        pack: store every layer in the CPU's packed layout (True, the default) or
+            row-major (False). The same bits either way; docs/decoder.md ("Packed or
+            row-major block weights") has the measurements behind the default.
 
     Raises:
         GGUFError: a malformed file; ValueError: a tensor of a type narrowmm does not load
@@ -149,7 +133,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
             w = f[gguf_name]
             order = _row_order(processor, gguf_name, w.out_features)
             w = w if order is None else _rows(w, order)
-            layer = Linear.from_weights(w, pack=_pack_by_default(w) if pack is None else pack)
+            layer = Linear.from_weights(w, pack=pack)
             parent_name, _, child = module_name.rpartition(".")
             setattr(modules[parent_name] if parent_name else model, child, layer)
         else:
@@ -163,8 +147,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         if embedding is None or not getattr(config, "tie_word_embeddings", False):
             raise ValueError(f"{path}: no output layer and no tied embedding to use for it")
         tied = f[embedding]
-        model.lm_head = Linear.from_weights(
-            tied, pack=_pack_by_default(tied) if pack is None else pack)
+        model.lm_head = Linear.from_weights(tied, pack=pack)
     _materialise_buffers(model, config)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
