@@ -232,7 +232,10 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * Packed weights and few rows (NM_SLIVER_OUTER_ROWS): slivers outside, k blocks inside. A
  * sliver's rows are then one contiguous stream from its first k block to its last, which the
  * hardware prefetchers follow from block to block, and its few C tiles stay in L1 across the
- * k blocks. A is packed once for all of k and read from L2. */
+ * k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats: their
+ * slivers are decoded into a buffer before the tiles run (sliver_block), with no arithmetic
+ * to hide A's L2 reads behind, and k blocks outside ran them 1.0-1.6x faster at m = 4 to 16
+ * (docs/kernels.md, "The block formats' speed"). */
 static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                         int64_t j_begin, int64_t j_end) {
     const nm_isa_kernels *isa = job->isa;
@@ -240,7 +243,8 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     const int64_t mc_max = min64(i_end - i_begin, NM_A_BLOCK_ROWS / mr * mr);
     const int64_t mc_pad = (mc_max + mr - 1) / mr * mr;
     const int64_t a_all_floats = mc_pad * ((k + kc_max - 1) / kc_max * kc_max);
-    const int sliver_outer = job->packed && i_end - i_begin <= NM_SLIVER_OUTER_ROWS &&
+    const int sliver_outer = job->packed && nm_format_table[job->fmt].kpack == 1 &&
+                             i_end - i_begin <= NM_SLIVER_OUTER_ROWS &&
                              a_all_floats <= NM_SLIVER_OUTER_A_FLOATS;
     const int64_t a_floats = sliver_outer ? a_all_floats : mc_pad * kc_max;
     const size_t a_bytes = (size_t)a_floats * sizeof(float);
