@@ -122,6 +122,14 @@ def test_wide_4_bit_layers_are_packed_by_default_with_the_row_major_bits(tmp_pat
         assert_same_bits(packed(ids).logits.numpy(), rows(ids).logits.numpy())
 
 
+@pytest.mark.parametrize("pack", [None, 1, "yes"])
+def test_pack_must_be_a_bool(pack):
+    """pack=None chose a per-layer rule once; now anything but a bool is refused, naming
+    the value, before the file is read."""
+    with pytest.raises(TypeError, match=repr(pack).replace("'", ".")):
+        nmt.from_gguf("no-such-file.gguf", pack=pack)
+
+
 def test_the_query_and_key_rows_are_permuted_as_transformers_does(smollm2):
     """llama.cpp stores q_proj and k_proj with their rows permuted for its rotary code;
     the layer holds them in transformers' order, the same bits row by row."""

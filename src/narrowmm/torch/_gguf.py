@@ -110,7 +110,11 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     Raises:
         GGUFError: a malformed file; ValueError: a tensor of a type narrowmm does not load
         (the K types today), or a model the file's architecture does not describe.
+        TypeError: ``pack`` is not a bool (``None`` chose a per-layer rule before
+        2026-12-03; every layer is packed now).
     """
+    if not isinstance(pack, (bool, np.bool_)):
+        raise TypeError(f"from_gguf: pack must be True or False, got {pack!r}")
     transformers, gguf_utils = _transformers()
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
