@@ -192,23 +192,34 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
     int64_t ldb;
     const uint8_t *b_sliver = weights_at(job, pc, jr, &ldb);
     const float *s = scales_at(job, pc, jr), *o = offsets_at(job, pc, jr);
-    /* a k block of several blocks of scales: decode the sliver one block of scales at a
-     * time, then run every tile on it (the pack slot takes one block's scales) */
+    /* a k block of several blocks of scales (the pack slots take one block's): a full-width
+     * sliver's first tile decodes it a block of scales at a time while it computes, a
+     * narrower one is packed a block at a time first; then the tiles below run down the
+     * whole k block on it */
     const int many_scales = job->scales && job->scales->bk < kc;
-    if (many_scales)
+    if (many_scales) {
         for (int64_t p = pc, pe; p < pc + kc; p = pe) {
             pe = k_range_end(job, p, pc + kc - p);
             int64_t ldb_p;
             const uint8_t *b_p = weights_at(job, p, jr, &ldb_p);
-            isa->pack[job->slot](pe - p, w, b_p, ldb_p, (int)nr, sliver + (p - pc) * nr,
-                                 scales_at(job, p, jr), offsets_at(job, p, jr));
+            const float *s_p = scales_at(job, p, jr), *o_p = offsets_at(job, p, jr);
+            if (w == nr)
+                isa->ukernel_pack[job->slot](pe - p, min64(mr, mc), a_block + (p - pc) * mr,
+                                            b_p, ldb_p, sliver + (p - pc) * nr, c_block + jr,
+                                            ldc, mr < mc ? c_block + mr * ldc + jr : c_after,
+                                            s_p, o_p);
+            else
+                isa->pack[job->slot](pe - p, w, b_p, ldb_p, (int)nr, sliver + (p - pc) * nr,
+                                     s_p, o_p);
         }
-    if (many_scales && p_next >= 0) prefetch_sliver_block(job, p_next, j_next);
+        if (p_next >= 0) prefetch_sliver_block(job, p_next, j_next);
+    }
     for (int64_t ic = 0; ic < mc; ic += mr) {
         float *c_tile = c_block + ic * ldc + jr;
         const float *c_next = ic + mr < mc ? c_tile + mr * ldc : c_after;
         const float *ap = a_block + ic * kc;
         const int64_t rows = min64(mr, mc - ic);
+        if (ic == 0 && w == nr && many_scales) continue; /* computed above */
         if (ic == 0 && w == nr && !many_scales) {
             isa->ukernel_pack[job->slot](kc, rows, ap, b_sliver, ldb, sliver, c_tile, ldc,
                                         c_next, s, o);

@@ -643,11 +643,11 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 #define NM_DEQ1_Q4_0(q, sp, op) (((q) - 8.0f) * *(sp))
 #define NM_DEQ1_Q4_1(q, sp, op) fmaf((q), *(sp), *(op))
 
-/* Every slot of both 4-bit formats on a row: the gemvs, the packed gemvs, packing, and the
- * first tile as packing then the row's microkernel (UKERNEL; its NR is the row's); each
- * format with its NIBBLES and DEQ pair. */
+/* The slots of both 4-bit formats on a row but the first tile (ukernel_pack, which the row
+ * defines, fused or NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS): the gemvs, the packed gemvs
+ * and packing; each format with its NIBBLES and DEQ pair. */
 #define NM_DEFINE_NIBBLE_FORMATS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,          \
-                                 NIBBLES_Q4_0, DEQ_Q4_0, NIBBLES_Q4_1, DEQ_Q4_1, UKERNEL)    \
+                                 NIBBLES_Q4_0, DEQ_Q4_0, NIBBLES_Q4_1, DEQ_Q4_1)             \
     NM_DEFINE_NIBBLE_GEMVS(q4_0, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_0,         \
                            DEQ_Q4_0, NM_DEQ1_Q4_0)                                           \
     NM_DEFINE_NIBBLE_GEMVS(q4_1, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_1,         \
@@ -657,7 +657,11 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,    \
                                   NIBBLES_Q4_1, DEQ_Q4_1)                                    \
     NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, STOREC, NIBBLES_Q4_0, DEQ_Q4_0, NM_DEQ1_Q4_0)    \
-    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1)    \
+    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1)
+
+/* The first tile of both 4-bit formats as packing then the row's microkernel (UKERNEL; its
+ * NR is the row's), for a row without a fused one. */
+#define NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(ISA, UKERNEL, NRW)                           \
     NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_0_##ISA, pack_q4_0_##ISA, UKERNEL, NRW)   \
     NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_1_##ISA, pack_q4_1_##ISA, UKERNEL, NRW)
 

@@ -229,8 +229,8 @@ static inline void nibbles8(const uint8_t *p, __m256 *lo, __m256 *hi) {
 #define DEQ8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, _mm256_loadu_ps(sp), _mm256_loadu_ps(op))
 /* packed: two 24-column slivers at a time for one row (6 accumulators), one for two */
 NM_DEFINE_NIBBLE_FORMATS(avx2, __m256, 8, NR, 2, 1, _mm256_set1_ps, _mm256_loadu_ps,
-                         _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, NIBBLES8, DEQ8_Q4_1,
-                         ukernel_4x24_avx2)
+                         _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, NIBBLES8, DEQ8_Q4_1)
+NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 

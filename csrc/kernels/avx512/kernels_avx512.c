@@ -217,8 +217,50 @@ static inline void nibbles16(const uint8_t *p, __m512 table, __m512 *lo, __m512 
 /* packed: four 32-column slivers at a time for one row (8 accumulators), two for two */
 NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_loadu_ps,
                          _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0,
-                         NIBBLES16_Q4_1, DEQ16_Q4_1,
-                         ukernel_8x32_avx512)
+                         NIBBLES16_Q4_1, DEQ16_Q4_1)
+
+/* The first tile of a 4-bit sliver under one block of scales (the frame calls it a block at
+ * a time), decoding on the way: stored row r gives sliver rows 2r (low nibbles) and 2r + 1
+ * (high), each stored for the tiles below and fed to its 16 FMAs in the same step, so the
+ * decode's permutes and multiplies share the cycles of the tile's FMAs instead of running
+ * as a pass of their own. The decode is pack's (NIBBLES, DEQ), so are the bits. */
+#define NM_DEFINE_NIBBLE_UKERNEL_PACK(FMT, NIBBLES, DEQ)                                     \
+    static void tile_pack_##FMT(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb,  \
+                                float *bp, float *c, int64_t ldc, const float *c_next,       \
+                                const float *s, const float *o) {                            \
+        (void)o; /* Q4_0 has no offsets */                                                   \
+        PREFETCH_C_TILE(c_next, ldc);                                                        \
+        TILE_LOAD_C(c, ldc)                                                                  \
+        for (int64_t r = 0; r < kc / 2; ++r) {                                               \
+            __m512 lo0, hi0, lo1, hi1;                                                       \
+            NIBBLES(b + r * ldb, lo0, hi0);                                                  \
+            NIBBLES(b + r * ldb + 16, lo1, hi1);                                             \
+            lo0 = DEQ(lo0, s, o), hi0 = DEQ(hi0, s, o);                                      \
+            lo1 = DEQ(lo1, s + 16, o + 16), hi1 = DEQ(hi1, s + 16, o + 16);                  \
+            float *bq = bp + 2 * r * NR;                                                     \
+            _mm512_store_ps(bq, lo0);                                                        \
+            _mm512_store_ps(bq + 16, lo1);                                                   \
+            _mm512_store_ps(bq + NR, hi0);                                                   \
+            _mm512_store_ps(bq + NR + 16, hi1);                                              \
+            TILE_FMA_STEP(ap, 2 * r, lo0, lo1);                                              \
+            TILE_FMA_STEP(ap, 2 * r + 1, hi0, hi1);                                          \
+        }                                                                                    \
+        TILE_STORE_C(c, ldc)                                                                 \
+    }                                                                                        \
+    static void ukernel_pack_##FMT##_avx512(int64_t kc, int64_t mr, const float *ap,         \
+                                            const uint8_t *b, int64_t ldb, float *bp,        \
+                                            float *c, int64_t ldc, const float *c_next,      \
+                                            const float *s, const float *o) {                \
+        if (mr == MR) {                                                                      \
+            tile_pack_##FMT(kc, ap, b, ldb, bp, c, ldc, c_next, s, o);                       \
+            return;                                                                          \
+        }                                                                                    \
+        WITH_SCRATCH_TILE(mr, NR, c, ldc,                                                    \
+                          tile_pack_##FMT(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o));   \
+    }
+
+NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_0, NIBBLES16_Q4_0, DEQ16_Q4_0)
+NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_1, NIBBLES16_Q4_1, DEQ16_Q4_1)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 

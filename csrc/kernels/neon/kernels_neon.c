@@ -196,8 +196,8 @@ static inline void nibbles4(const uint8_t *p, float32x4_t *lo, float32x4_t *hi) 
 #define DEQ4_Q4_0(q, sp, op) vmulq_f32(vsubq_f32(q, vdupq_n_f32(8.0f)), vld1q_f32(sp))
 #define DEQ4_Q4_1(q, sp, op) vfmaq_f32(vld1q_f32(op), q, vld1q_f32(sp))
 NM_DEFINE_NIBBLE_FORMATS(neon, float32x4_t, 4, NR, 4, 2, vdupq_n_f32, vld1q_f32, vst1q_f32,
-                         vfmaq_f32, NIBBLES4, DEQ4_Q4_0, NIBBLES4, DEQ4_Q4_1,
-                         ukernel_8x8_neon)
+                         vfmaq_f32, NIBBLES4, DEQ4_Q4_0, NIBBLES4, DEQ4_Q4_1)
+NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(neon, ukernel_8x8_neon, NR)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 

@@ -126,8 +126,8 @@ NM_DEFINE_ENCODE8_LOOP(encode_q8_0_scalar, nm_f32_to_q8_0)
 /* The 4-bit formats (kernel_common.h): one column at a time. */
 #define NIBBLES1(p, lo, hi) ((lo) = NM_NIBBLE_LO(*(p)), (hi) = NM_NIBBLE_HI(*(p)))
 NM_DEFINE_NIBBLE_FORMATS(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1, FMAF_ACC,
-                         NIBBLES1, NM_DEQ1_Q4_0, NIBBLES1, NM_DEQ1_Q4_1,
-                         ukernel_4x8_scalar)
+                         NIBBLES1, NM_DEQ1_Q4_0, NIBBLES1, NM_DEQ1_Q4_1)
+NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(scalar, ukernel_4x8_scalar, SCALAR_NR)
 
 /* their codecs: n bytes, 2n values, the low nibble first */
 #define NM_DEFINE_NIBBLE_CODECS(FMT)                                                         \
