@@ -243,10 +243,9 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * Packed weights and few rows (NM_SLIVER_OUTER_ROWS): slivers outside, k blocks inside. A
  * sliver's rows are then one contiguous stream from its first k block to its last, which the
  * hardware prefetchers follow from block to block, and its few C tiles stay in L1 across the
- * k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats: their
- * slivers are decoded into a buffer before the tiles run (sliver_block), with no arithmetic
- * to hide A's L2 reads behind, and k blocks outside ran them 1.0-1.6x faster at m = 4 to 16
- * (docs/kernels.md, "The block formats' speed"). */
+ * k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats, whose
+ * first tile runs a block of scales at a time (sliver_block): they measured faster with the
+ * k blocks outside at m = 4 to 16 (docs/kernels.md, "The block formats' speed"). */
 static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                         int64_t j_begin, int64_t j_end) {
     const nm_isa_kernels *isa = job->isa;
