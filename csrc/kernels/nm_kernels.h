@@ -109,7 +109,10 @@ typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *a
  *     bp[p*NR + j] = w[p][j];  c[i*ldc + j] = fma(ap[p*MR + i], bp[p*NR + j], c[...])
  * Decoding while the FMAs run hides its cost and keeps the sliver in L1 for the next tiles.
  * b is the sliver's top-left weight (any byte address); it may prefetch further along the
- * same rows of B (a prefetch never faults) but reads only the kc x NR block. */
+ * same rows of B (a prefetch never faults) but reads only the kc x NR block. s and o are
+ * the scales and offsets of one block of rows: where blocks are shorter than the k block
+ * (the 4-bit formats under GGUF's 32 rows) the frame calls it once per block, on the same
+ * C tile, with ap and bp advanced to the block's rows. */
 typedef void (*nm_ukernel_pack_fn)(int64_t kc, int64_t mr, const float *ap, const uint8_t *b,
                                    int64_t ldb, float *bp, float *c, int64_t ldc,
                                    const float *c_next, const float *s, const float *o);
