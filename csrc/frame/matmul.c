@@ -283,9 +283,10 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                 const float *c_after = pe < k ? c_block + jr
                                        : jr + nr < j_end ? c_block + jr + nr
                                                          : NULL;
-                const int64_t p_next = pe < k ? pe : jr + nr < j_end ? 0 : -1;
+                /* no next block to prefetch: only the 4-bit formats decode a sliver a block
+                 * of scales at a time, and they never take this order */
                 sliver_block(job, pc, pe - pc, jr, w, a_panel + pc * mc_pad, mc_max, c_block,
-                             sliver, c_after, p_next, pe < k ? jr : jr + nr);
+                             sliver, c_after, -1, 0);
             }
         }
     } else {
