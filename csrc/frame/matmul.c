@@ -71,6 +71,7 @@ typedef struct matmul_job {
     const float *bias; /* NULL, or the n values the chains start from (not with accumulate) */
     int packed; /* B is in the row's sliver-major layout (nm_matmul_packed); ldb unused */
     const nm_scales *scales; /* NULL for a format without scales */
+    int long_k_blocks; /* the tiled path's k blocks span several blocks of scales (k_block_end) */
     int col_parts, row_parts; /* the parts form a row_parts x col_parts grid of C blocks */
     atomic_int failed;        /* a part could not allocate its buffer */
 } matmul_job;
@@ -111,17 +112,24 @@ static int64_t k_range_end(const matmul_job *job, int64_t p, int64_t len) {
 }
 
 /* Where the tiled path's k block starting at row p ends: kc_max rows on, cut where p's block
- * of scales ends. For the 4-bit formats (two rows a byte), whose first tile is packing then
- * the microkernel anyway, scales' blocks shorter than kc_max (GGUF's 32 rows) are taken
- * whole, as many as fit: the sliver is decoded a block of scales at a time (sliver_block)
- * and each tile runs down kc_max rows, not 32. The 8-bit formats keep short k blocks: their
- * first tile decodes while it computes, which decoding a block at a time would lose
- * (docs/kernels.md, "The block formats' speed", has both measurements). */
+ * of scales ends; or, with long_k_blocks, as many whole blocks of scales shorter than kc_max
+ * (GGUF's 32 rows) as fit: the first tile decodes the sliver a block of scales at a time
+ * (sliver_block) and the tiles below run down kc_max rows, not 32, C reloaded less often. */
 static int64_t k_block_end(const matmul_job *job, int64_t p, int64_t kc_max) {
-    const nm_scales *sc = job->scales;
-    if (sc && sc->bk < kc_max && nm_format_table[job->fmt].kpack > 1)
-        return min64(job->k, p + kc_max / sc->bk * sc->bk);
+    if (job->long_k_blocks)
+        return min64(job->k, p + kc_max / job->scales->bk * job->scales->bk);
     return k_range_end(job, p, kc_max);
+}
+
+/* Whether k_block_end takes several blocks of scales at once: for scales in blocks shorter
+ * than the row's kc, always for the 4-bit formats; for the others (Q8_0, block-scaled FP8)
+ * on packed weights, and on row-major ones past NM_SLIVER_OUTER_ROWS rows. Measured on an
+ * AMD Zen 5 (Q8_0, cold, docs/kernels.md): packed m = 4 to 128 1.02-1.56x (m = 16 1.5x);
+ * row-major m = 64 1.19-1.35x but m = 4 and 8 0.77-0.91x, m = 16 even. */
+static int long_k_blocks(const nm_isa_kernels *isa, int fmt, int64_t m, int packed,
+                         const nm_scales *scales) {
+    if (!scales || scales->bk >= isa->kc) return 0;
+    return nm_format_table[fmt].kpack > 1 || packed || m > NM_SLIVER_OUTER_ROWS;
 }
 
 static void zero_block(int64_t m, int64_t n, float *c, int64_t ldc) {
@@ -271,7 +279,9 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * hardware prefetchers follow from block to block, and its few C tiles stay in L1 across the
  * k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats, whose
  * first tile runs a block of scales at a time (sliver_block): they measured faster with the
- * k blocks outside at m = 4 to 16 (docs/kernels.md, "The block formats' speed"). */
+ * k blocks outside at m = 4 to 16 (docs/kernels.md, "The block formats' speed"); the other
+ * formats that do (long_k_blocks) take it for one tile's rows only: Q8_0 at m = 16 ran 1.5x
+ * faster with the k blocks outside, at m = 4 and 8 slower. */
 static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                         int64_t j_begin, int64_t j_end) {
     const nm_isa_kernels *isa = job->isa;
@@ -279,8 +289,9 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     const int64_t mc_max = min64(i_end - i_begin, NM_A_BLOCK_ROWS / mr * mr);
     const int64_t mc_pad = (mc_max + mr - 1) / mr * mr;
     const int64_t a_all_floats = mc_pad * ((k + kc_max - 1) / kc_max * kc_max);
+    const int64_t outer_rows = job->long_k_blocks ? mr : NM_SLIVER_OUTER_ROWS;
     const int sliver_outer = job->packed && nm_format_table[job->fmt].kpack == 1 &&
-                             i_end - i_begin <= NM_SLIVER_OUTER_ROWS &&
+                             i_end - i_begin <= outer_rows &&
                              a_all_floats <= NM_SLIVER_OUTER_A_FLOATS;
     const int64_t a_floats = sliver_outer ? a_all_floats : mc_pad * kc_max;
     const size_t a_bytes = (size_t)a_floats * sizeof(float);
@@ -309,8 +320,8 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                 const float *c_after = pe < k ? c_block + jr
                                        : jr + nr < j_end ? c_block + jr + nr
                                                          : NULL;
-                /* no next block to prefetch: only the 4-bit formats decode a sliver a block
-                 * of scales at a time, and they never take this order */
+                /* no next block to prefetch: the sliver's next k block follows in the same
+                 * stream, for the hardware's prefetch to follow */
                 sliver_block(job, pc, pe - pc, jr, w, a_panel + pc * mc_pad, mc_max, c_block,
                              sliver, c_after, -1, 0);
             }
@@ -462,7 +473,9 @@ static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int
     *job = (matmul_job){.isa = isa, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a,
                         .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = ldc,
                         .accumulate = accumulate, .bias = bias, .packed = packed,
-                        .scales = scales, .col_parts = 1, .row_parts = 1};
+                        .scales = scales,
+                        .long_k_blocks = long_k_blocks(isa, fmt, m, packed, scales),
+                        .col_parts = 1, .row_parts = 1};
     return NM_OK;
 }
 
