@@ -172,10 +172,18 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
     }
 }
 
-/* Hints (a prefetch never faults) for what sliver_block reads of the k block starting at
- * row p of the sliver at column j: its weights and its blocks of scales and offsets. For a
- * sliver decoded a block of scales at a time: `pack` has no arithmetic to hide its misses
- * behind, and a sliver's scales are a line per block, a grid row (n floats) apart. */
+/* A hint (a prefetch never faults) for the scales and offsets of columns j.. (w wide) in the
+ * block of scales of row p: a line per 16 columns, each block a grid row (n floats) apart. */
+static void prefetch_block_scales(const matmul_job *job, int64_t p, int64_t j, int64_t w) {
+    for (int64_t x = 0; x < w; x += 16) {
+        __builtin_prefetch(scales_at(job, p, j) + x);
+        if (job->scales->o) __builtin_prefetch(offsets_at(job, p, j) + x);
+    }
+}
+
+/* Hints for what sliver_block reads of the k block starting at row p of the sliver at
+ * column j: its weights and its blocks of scales and offsets. For a sliver decoded a block
+ * of scales at a time, whose `pack` has no arithmetic to hide its misses behind. */
 static void prefetch_sliver_block(const matmul_job *job, int64_t p, int64_t j) {
     const int64_t nr = job->isa->nr, kpack = nm_format_table[job->fmt].kpack;
     const int64_t row_bytes = nr * nm_format_table[job->fmt].itemsize;
@@ -184,11 +192,7 @@ static void prefetch_sliver_block(const matmul_job *job, int64_t p, int64_t j) {
     const char *b = (const char *)weights_at(job, p, j, &ldb);
     for (int64_t r = 0; r < (pe - p) / kpack; ++r)
         for (int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(b + r * ldb + x);
-    for (int64_t q = p; q < pe; q += job->scales->bk)
-        for (int64_t x = 0; x < nr; x += 16) {
-            __builtin_prefetch(scales_at(job, q, j) + x);
-            if (job->scales->o) __builtin_prefetch(offsets_at(job, q, j) + x);
-        }
+    for (int64_t q = p; q < pe; q += job->scales->bk) prefetch_block_scales(job, q, j, nr);
 }
 
 /* Hints for the m <= 2 packed path under short blocks of scales: rows [p, p + bk) of the
@@ -207,10 +211,7 @@ static void prefetch_gemv_block(const matmul_job *job, int64_t p, int64_t j, int
         const char *b = (const char *)weights_at(job, p, t, &ldb);
         for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(b + x);
     }
-    for (int64_t x = 0; x < w; x += 16) {
-        __builtin_prefetch(scales_at(job, p, j) + x);
-        if (job->scales->o) __builtin_prefetch(offsets_at(job, p, j) + x);
-    }
+    prefetch_block_scales(job, p, j, w);
 }
 
 /* The tiles of one kc-row block of one sliver (columns jr.., w <= NR wide) down mc rows:

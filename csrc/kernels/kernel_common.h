@@ -401,17 +401,17 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     } while (0)
 
 /* The ukernel_pack slot around a row's fused first tile, TILE(kc, ap, b, ldb, bp, c, ldc,
- * c_next, s): a full MR-row tile straight on C, a shorter last one on a scratch copy. */
+ * c_next, s, o): a full MR-row tile straight on C, a shorter last one on a scratch copy. */
 #define NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)                                         \
     static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
                      float *bp, float *c, int64_t ldc, const float *c_next, const float *s,   \
                      const float *o) {                                                       \
-        (void)o;                                                                             \
         if (mr == MR) {                                                                      \
-            TILE(kc, ap, b, ldb, bp, c, ldc, c_next, s);                                     \
+            TILE(kc, ap, b, ldb, bp, c, ldc, c_next, s, o);                                  \
             return;                                                                          \
         }                                                                                    \
-        WITH_SCRATCH_TILE(mr, NR, c, ldc, TILE(kc, ap, b, ldb, bp, scratch, NR, c_next, s)); \
+        WITH_SCRATCH_TILE(mr, NR, c, ldc,                                                    \
+                          TILE(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o));              \
     }
 
 /* A ukernel_pack made of the row's own parts, for rows without a fused one: pack the whole

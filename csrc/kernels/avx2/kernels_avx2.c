@@ -185,7 +185,9 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
 
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD8, SCV)                                 \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
-                     float *c, int64_t ldc, const float *c_next, const float *s) {           \
+                     float *c, int64_t ldc, const float *c_next, const float *s,             \
+                     const float *o) {                                                       \
+        (void)o; /* no offsets in these formats */                                           \
         (void)s;                                                                             \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \

@@ -169,7 +169,9 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
 
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16, SCV)                                \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
-                     float *c, int64_t ldc, const float *c_next, const float *s) {           \
+                     float *c, int64_t ldc, const float *c_next, const float *s,             \
+                     const float *o) {                                                       \
+        (void)o; /* no offsets in these formats */                                           \
         (void)s;                                                                             \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
@@ -247,17 +249,7 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_lo
         }                                                                                    \
         TILE_STORE_C(c, ldc)                                                                 \
     }                                                                                        \
-    static void ukernel_pack_##FMT##_avx512(int64_t kc, int64_t mr, const float *ap,         \
-                                            const uint8_t *b, int64_t ldb, float *bp,        \
-                                            float *c, int64_t ldc, const float *c_next,      \
-                                            const float *s, const float *o) {                \
-        if (mr == MR) {                                                                      \
-            tile_pack_##FMT(kc, ap, b, ldb, bp, c, ldc, c_next, s, o);                       \
-            return;                                                                          \
-        }                                                                                    \
-        WITH_SCRATCH_TILE(mr, NR, c, ldc,                                                    \
-                          tile_pack_##FMT(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o));   \
-    }
+    NM_DEFINE_UKERNEL_PACK_FROM_TILE(ukernel_pack_##FMT##_avx512, tile_pack_##FMT)
 
 NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_0, NIBBLES16_Q4_0, DEQ16_Q4_0)
 NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_1, NIBBLES16_Q4_1, DEQ16_Q4_1)

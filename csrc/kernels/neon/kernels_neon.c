@@ -164,7 +164,9 @@ static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *ap
 /* The first tile of a whole sliver decodes B as it goes (see nm_kernels.h). */
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD4, SCV)                                 \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
-                     float *c, int64_t ldc, const float *c_next, const float *s) {           \
+                     float *c, int64_t ldc, const float *c_next, const float *s,             \
+                     const float *o) {                                                       \
+        (void)o; /* no offsets in these formats */                                           \
         (void)c_next; /* no software prefetch on this row */                                 \
         (void)s;                                                                             \
         TILE_8X8_BODY(c, ldc,                                                                \
