@@ -44,12 +44,19 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * 0.98-1.07x, but m = 32 0.95-1.05x and m = 16 with k = 14336 (896 KiB of A) 0.97-0.99x. */
 #define NM_SLIVER_OUTER_ROWS 16
 #define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
-/* The column chunk, in slivers, of the m <= 2 packed path under short blocks of scales. */
+/* The m <= 2 packed path under short blocks of scales walks chunks of slivers, each sliver
+ * in a chunk one stream. A short sliver (at most NM_GEMV_SHORT_SLIVER_BYTES) ends before the
+ * hardware's stream prefetch has ramped up: chunks of NM_BLOCKED_GEMV_SLIVERS, and for the
+ * 4-bit formats a prefetch NM_GEMV_PREFETCH_AHEAD blocks of scales ahead in the walk
+ * (prefetch_gemv_block says why). A longer one, at m = 1, takes chunks of
+ * NM_LONG_GEMV_SLIVERS, fewer streams at once: measured on an AMD Zen 5 (in process, cold,
+ * Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192) 1.02-1.28x at 2 threads and 0.89-1.29x at 1 (most
+ * above 1.0), the avx2 row 0.99-1.23x; at m = 2 on 4-bit slivers it was mixed (0.80-1.27x),
+ * so two rows keep NM_BLOCKED_GEMV_SLIVERS. */
 #define NM_BLOCKED_GEMV_SLIVERS 8
-/* For the 4-bit formats that path prefetches this many blocks of scales ahead in its walk
- * when a sliver is at most NM_GEMV_PREFETCH_MAX_BYTES (prefetch_gemv_block says why). */
+#define NM_LONG_GEMV_SLIVERS 4
 #define NM_GEMV_PREFETCH_AHEAD 2
-#define NM_GEMV_PREFETCH_MAX_BYTES ((int64_t)24 << 10)
+#define NM_GEMV_SHORT_SLIVER_BYTES ((int64_t)24 << 10)
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
  * cost more than it saves. */
 #define NM_PARALLEL_MIN_WORK ((int64_t)1 << 18)
@@ -382,13 +389,16 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
          * per block over every column would read each sliver 32 rows at a time, hopping from
          * sliver to sliver; chunks of a few slivers taken through all of k keep each sliver
          * one stream and its C in L1. */
-        const int64_t chunk = job->packed && job->scales && job->scales->bk < job->k
-                                  ? NM_BLOCKED_GEMV_SLIVERS * isa->nr
-                                  : j1 - j0;
         const int64_t sliver_bytes = job->k / nm_format_table[job->fmt].kpack * isa->nr *
                                      nm_format_table[job->fmt].itemsize;
+        const int64_t chunk_slivers = rows == 1 && sliver_bytes > NM_GEMV_SHORT_SLIVER_BYTES
+                                          ? NM_LONG_GEMV_SLIVERS
+                                          : NM_BLOCKED_GEMV_SLIVERS;
+        const int64_t chunk = job->packed && job->scales && job->scales->bk < job->k
+                                  ? chunk_slivers * isa->nr
+                                  : j1 - j0;
         const int64_t ahead = chunk < j1 - j0 && nm_format_table[job->fmt].kpack > 1 &&
-                                      sliver_bytes <= NM_GEMV_PREFETCH_MAX_BYTES
+                                      sliver_bytes <= NM_GEMV_SHORT_SLIVER_BYTES
                                   ? NM_GEMV_PREFETCH_AHEAD * job->scales->bk
                                   : 0;
         for (int64_t jc = j0; jc < j1; jc += chunk) {
