@@ -50,9 +50,9 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * 4-bit formats a prefetch NM_GEMV_PREFETCH_AHEAD blocks of scales ahead in the walk
  * (prefetch_gemv_block says why). A longer one, at m = 1, takes chunks of
  * NM_LONG_GEMV_SLIVERS, fewer streams at once: measured on an AMD Zen 5 (in process, cold,
- * Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192) 1.02-1.28x at 2 threads and 0.89-1.29x at 1 (most
- * above 1.0), the avx2 row 0.99-1.23x; at m = 2 on 4-bit slivers it was mixed (0.80-1.27x),
- * so two rows keep NM_BLOCKED_GEMV_SLIVERS. */
+ * Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192) 1.02-1.28x at 2 threads and 0.89-1.29x at 1 (10 of
+ * 12 above 1.0), the avx2 row 0.99-1.23x; at m = 2 on 4-bit slivers it was mixed
+ * (0.80-1.27x), so two rows keep NM_BLOCKED_GEMV_SLIVERS. */
 #define NM_BLOCKED_GEMV_SLIVERS 8
 #define NM_LONG_GEMV_SLIVERS 4
 #define NM_GEMV_PREFETCH_AHEAD 2
