@@ -272,7 +272,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 /* The m == 1 and m == 2 products on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn),
  * written once from the row's vector operations: G slivers of NRW columns at a time, for RR
  * rows of A (lda apart) and C (ldc apart), their RR x G x NRW/L accumulator vectors in
- * registers for all of k, so C is loaded and stored once per sliver and the weights are read
+ * registers for all of k (every block of scales: the pointer steps by lds every bk rows, kept
+ * in s itself, since a second pointer cost the avx512 loop registers and measured slower),
+ * so C is loaded and stored once per sliver and the weights are read
  * once, as G contiguous streams, each weight vector feeding the RR rows' FMAs; then single
  * slivers; the last sliver, narrower than NRW, runs on a zero-padded scratch copy of its C
  * (its padding weights are read, their results dropped). VEC, L, SET1, LOADC, STOREC,
@@ -280,23 +282,28 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 #define NM_GEMV_PACKED_SLIVERS_(NAME, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW,  \
                                 FMA, SCV)                                                    \
     static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
-                            const uint8_t *b, float *c, int64_t ldc, const float *s) {      \
+                            const uint8_t *b, float *c, int64_t ldc, const float *s,        \
+                            int64_t bk, int64_t lds) {                                       \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
-        (void)s;                                                                             \
         const int64_t sliver_ = ks * (NRW) * (ITEM);                                         \
+        const int64_t block_ = bk < k ? bk : k; /* rows under one block of scales */         \
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
             acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
-        for (int64_t p = 0; p < k; ++p) {                                                    \
-            const uint8_t *row_ = b + p * (NRW) * (ITEM);                                    \
-            VEC ap_[RR];                                                                     \
-            _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =              \
-                SET1(a[r_ * lda + p]);                                                       \
-            _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                       \
-                const VEC wv_ = SCV(LOADW(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L) * (ITEM)), \
-                                    s + w_ / V_ * (NRW) + (w_ % V_) * (L));                  \
-                _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                    \
-                    acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ap_[r_], wv_);              \
+        /* s steps to the next block's scales as the rows reach it (NULL: unscaled) */      \
+        for (int64_t p0_ = 0; p0_ < k; p0_ += block_, s = s ? s + lds : NULL) {              \
+            for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
+                const uint8_t *row_ = b + p * (NRW) * (ITEM);                                \
+                VEC ap_[RR];                                                                 \
+                _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =          \
+                    SET1(a[r_ * lda + p]);                                                   \
+                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
+                    const VEC wv_ =                                                          \
+                        SCV(LOADW(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L) * (ITEM)),      \
+                            s + w_ / V_ * (NRW) + (w_ % V_) * (L));                          \
+                    _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                \
+                        acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ap_[r_], wv_);          \
+                }                                                                            \
             }                                                                                \
         }                                                                                    \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
@@ -304,19 +311,19 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     }
 
 /* The walk over n columns shared by both: G-sliver groups, single slivers, the padded tail. */
-#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s)         \
+#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, bk, lds) \
     do {                                                                                     \
         const int64_t sliver = (ks) * (NRW) * (ITEM);                                        \
         int64_t j = 0;                                                                       \
         for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
-            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL);            \
+            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL, bk, lds);   \
         for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
-            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL);              \
+            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL, bk, lds);     \
         if (j < (n)) {                                                                       \
             _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
             const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
             for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
-            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) ? (s) + j : NULL);                  \
+            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) ? (s) + j : NULL, bk, lds);         \
             for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
     } while (0)
@@ -328,9 +335,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, const uint8_t *b,     \
-                     float *c, const float *s, const float *o) {                             \
+                     float *c, const float *s, const float *o, int64_t bk, int64_t lds) {    \
         (void)o;                                                                             \
-        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s);             \
+        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s, bk, lds);    \
     }
 
 /* m == 2: G2 slivers at a time, chosen so that 2 x G2 x NRW/L accumulators fit the row's
@@ -342,9 +349,10 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, int64_t lda,          \
-                     const uint8_t *b, float *c, int64_t ldc, const float *s, const float *o) { \
+                     const uint8_t *b, float *c, int64_t ldc, const float *s, const float *o, \
+                     int64_t bk, int64_t lds) {                                              \
         (void)o;                                                                             \
-        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s);        \
+        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, bk, lds); \
     }
 
 /* Both packed gemvs for the six formats of a row and the finite variants, named
@@ -531,33 +539,38 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 
 /* m == 1 and m == 2 on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn): G slivers of
  * NRW columns at a time, stored row r of sliver t at b + (t * ks / 2 + r) * NRW, their
- * accumulators in registers down all k of the call; then single slivers; the last, narrower
- * than NRW, on a zero-padded scratch copy of its C (its padding codes are read: zero bytes,
- * with the padded scales and offsets; their results are dropped). */
+ * accumulators in registers down all k of the call, through its blocks of scales (s and o
+ * step by lds every bk rows, as in NM_GEMV_PACKED_SLIVERS_); then single slivers; the last,
+ * narrower than NRW, on a zero-padded scratch copy of its C (its padding codes are read:
+ * zero bytes, with the padded scales and offsets; their results are dropped). */
 #define NM_NIBBLE_SLIVERS_(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ)  \
     static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
                             const uint8_t *b, float *c, int64_t ldc, const float *s,        \
-                            const float *o) {                                                \
+                            const float *o, int64_t bk, int64_t lds) {                       \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
-        (void)o;                                                                             \
         const int64_t sliver_ = ks / 2 * (NRW);                                              \
+        const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
             acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
-        for (int64_t r = 0; r < k / 2; ++r) {                                                \
-            const uint8_t *row_ = b + r * (NRW);                                             \
-            VEC al_[RR], ah_[RR];                                                            \
-            _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_)                        \
-                al_[r_] = SET1(a[r_ * lda + 2 * r]), ah_[r_] = SET1(a[r_ * lda + 2 * r + 1]); \
-            _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                       \
-                const int64_t col_ = w_ / V_ * (NRW) + (w_ % V_) * (L);                      \
-                VEC lo_, hi_;                                                                \
-                NIBBLES(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L), lo_, hi_);               \
-                const VEC wl_ = DEQ(lo_, s + col_, o + col_);                                \
-                const VEC wh_ = DEQ(hi_, s + col_, o + col_);                                \
-                _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                  \
-                    acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], al_[r_], wl_);              \
-                    acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ah_[r_], wh_);              \
+        /* s and o step to the next block's scales as the rows reach it */                  \
+        for (int64_t r0_ = 0; r0_ < k / 2;                                                   \
+             r0_ += block_, s += lds, o = o ? o + lds : NULL) {                              \
+            for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
+                const uint8_t *row_ = b + r * (NRW);                                         \
+                VEC al_[RR], ah_[RR];                                                        \
+                _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) al_[r_] =          \
+                    SET1(a[r_ * lda + 2 * r]), ah_[r_] = SET1(a[r_ * lda + 2 * r + 1]);      \
+                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
+                    const int64_t col_ = w_ / V_ * (NRW) + (w_ % V_) * (L);                  \
+                    VEC lo_, hi_;                                                            \
+                    NIBBLES(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L), lo_, hi_);           \
+                    const VEC wl_ = DEQ(lo_, s + col_, o + col_);                            \
+                    const VEC wh_ = DEQ(hi_, s + col_, o + col_);                            \
+                    _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {              \
+                        acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], al_[r_], wl_);          \
+                        acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ah_[r_], wh_);          \
+                    }                                                                        \
                 }                                                                            \
             }                                                                                \
         }                                                                                    \
@@ -565,19 +578,21 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
             STOREC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L), acc_[i_]); \
     }
 
-#define NM_NIBBLE_PACKED_WALK_(NAME, RR, G, NRW, k, ks, n, a, lda, b, c, ldc, s, o)         \
+#define NM_NIBBLE_PACKED_WALK_(NAME, RR, G, NRW, k, ks, n, a, lda, b, c, ldc, s, o, bk, lds) \
     do {                                                                                     \
         const int64_t sliver = (ks) / 2 * (NRW);                                             \
         int64_t j = 0;                                                                       \
         for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
-            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL);   \
+            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL, bk, \
+                          lds);                                                              \
         for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
-            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL);     \
+            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL, bk,   \
+                        lds);                                                                \
         if (j < (n)) {                                                                       \
             _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
             const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
             for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
-            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) + j, (o) ? (o) + j : NULL);         \
+            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) + j, (o) ? (o) + j : NULL, bk, lds); \
             for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
     } while (0)
@@ -594,15 +609,16 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
                        STOREC, FMA, NIBBLES, DEQ)                                            \
     static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
                                           const uint8_t *b, float *c, const float *s,       \
-                                          const float *o) {                                  \
+                                          const float *o, int64_t bk, int64_t lds) {         \
         NM_NIBBLE_PACKED_WALK_(gemv_packed_##FMT##_##ISA, 1, G, NRW, k, ks, n, a, 0, b, c, 0, \
-                               s, o);                                                        \
+                               s, o, bk, lds);                                               \
     }                                                                                        \
     static void gemv2_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
                                            int64_t lda, const uint8_t *b, float *c,         \
-                                           int64_t ldc, const float *s, const float *o) {   \
+                                           int64_t ldc, const float *s, const float *o,     \
+                                           int64_t bk, int64_t lds) {                        \
         NM_NIBBLE_PACKED_WALK_(gemv2_packed_##FMT##_##ISA, 2, G2, NRW, k, ks, n, a, lda, b, c, \
-                               ldc, s, o);                                                   \
+                               ldc, s, o, bk, lds);                                          \
     }
 
 /* Packing (nm_pack_fn) a kc x nc block into float32 slivers of width nr: stored row r gives

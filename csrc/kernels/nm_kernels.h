@@ -22,7 +22,8 @@
  *     w[p][j] = fl32(decode(B[p][j]) * scale[j])
  * Every slot below takes `s`, the scales of the columns it is given (s[j] for column j of the
  * call, j counted like c's), the same for every row p of the call: the frame splits k where
- * a block of scales ends (nm_matmul). Formats without scales get s == NULL and never read
+ * a block of scales ends (nm_matmul), except for the packed gemvs, which take the blocks'
+ * layout (nm_gemv_packed_fn). Formats without scales get s == NULL and never read
  * it. A kernel must apply the multiplication as written, never fold it into a or c.
  *
  * The kernels' scales are s[j] = scale[j] * 2^r, r = nm_format_info.scale_exponent (exact:
@@ -74,16 +75,21 @@ typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
  * including row). Columns of the last sliver past n are read (they are zero; s is padded
  * there too) but C past n is not touched. Walking a few slivers at a time keeps their
  * accumulators in registers for all of k and reads a few long contiguous streams, which the
- * hardware prefetchers follow. */
+ * hardware prefetchers follow.
+ * Unlike the other slots, these take several blocks of scales in one call: rows [t*bk,
+ * t*bk + bk) use the scales (and offsets) at s + t*lds (o + t*lds); bk >= k is one block
+ * (lds unused). bk is a multiple of the format's kpack. A call per block would reload C
+ * and restart the walk every 32 rows of a GGUF format (1.01-1.20x slower on AMD Zen 5). */
 typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
-                                  const uint8_t *b, float *c, const float *s, const float *o);
+                                  const uint8_t *b, float *c, const float *s, const float *o,
+                                  int64_t bk, int64_t lds);
 
 /* m == 2 on packed weights: the gemv_packed chains for two rows at once, row r of A at
  * a + r*lda and of C at c + r*ldc (float strides). Each weight is read once for both rows,
  * so two rows cost about what one does when the weights come from DRAM. */
 typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                    int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                                   const float *s, const float *o);
+                                   const float *s, const float *o, int64_t bk, int64_t lds);
 
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]
