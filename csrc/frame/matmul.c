@@ -388,7 +388,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         /* Packed weights whose scales come in blocks shorter than k (GGUF's 32 rows): a call
          * per block over every column would read each sliver 32 rows at a time, hopping from
          * sliver to sliver; chunks of a few slivers taken through all of k keep each sliver
-         * one stream and its C in L1. */
+         * one stream, and one packed gemv call per chunk keeps its C in registers. */
         const int64_t sliver_bytes = job->k / nm_format_table[job->fmt].kpack * isa->nr *
                                      nm_format_table[job->fmt].itemsize;
         const int64_t chunk_slivers = rows == 1 && sliver_bytes > NM_GEMV_SHORT_SLIVER_BYTES

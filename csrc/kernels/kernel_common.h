@@ -290,8 +290,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
             acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
-        /* s steps to the next block's scales as the rows reach it (NULL: unscaled) */      \
-        for (int64_t p0_ = 0; p0_ < k; p0_ += block_, s = s ? s + lds : NULL) {              \
+        /* s steps to the next block's scales as the rows reach it (NULL: unscaled; never   \
+         * past the last block, not even as an unread pointer) */                            \
+        for (int64_t p0_ = 0; p0_ < k; p0_ += block_, s = s && p0_ < k ? s + lds : s) {      \
             for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
                 const uint8_t *row_ = b + p * (NRW) * (ITEM);                                \
                 VEC ap_[RR];                                                                 \
@@ -553,9 +554,10 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
             acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
-        /* s and o step to the next block's scales as the rows reach it */                  \
-        for (int64_t r0_ = 0; r0_ < k / 2;                                                   \
-             r0_ += block_, s += lds, o = o ? o + lds : NULL) {                              \
+        /* s and o step to the next block's scales as the rows reach it (never past the    \
+         * last block, not even as an unread pointer) */                                     \
+        for (int64_t r0_ = 0; r0_ < k / 2; r0_ += block_, s = r0_ < k / 2 ? s + lds : s,    \
+                     o = o && r0_ < k / 2 ? o + lds : o) {                                   \
             for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
                 const uint8_t *row_ = b + r * (NRW);                                         \
                 VEC al_[RR], ah_[RR];                                                        \

@@ -79,7 +79,8 @@ typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
  * Unlike the other slots, these take several blocks of scales in one call: rows [t*bk,
  * t*bk + bk) use the scales (and offsets) at s + t*lds (o + t*lds); bk >= k is one block
  * (lds unused). bk is a multiple of the format's kpack. A call per block would reload C
- * and restart the walk every 32 rows of a GGUF format (1.01-1.20x slower on AMD Zen 5). */
+ * and restart the walk every 32 rows of a GGUF format (docs/kernels.md, "The block
+ * formats' speed"). */
 typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                   const uint8_t *b, float *c, const float *s, const float *o,
                                   int64_t bk, int64_t lds);
