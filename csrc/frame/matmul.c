@@ -404,23 +404,12 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         for (int64_t jc = j0; jc < j1; jc += chunk) {
             const int64_t w = min64(chunk, j1 - jc);
             float *c = job->c + i0 * job->ldc + jc;
-            if (job->packed && !ahead) {
-                /* one call through all of k: the kernel steps through the blocks of scales
-                 * with C in registers (nm_gemv_packed_fn) */
-                int64_t ldb;
-                const uint8_t *b = weights_at(job, 0, jc, &ldb);
-                const float *s = scales_at(job, 0, jc), *o = offsets_at(job, 0, jc);
-                const int64_t bk = job->scales ? job->scales->bk : job->k;
-                const int64_t lds = job->scales ? job->scales->ld : 0;
-                if (rows == 1)
-                    isa->gemv_packed[slot](job->k, job->k, w, a, b, c, s, o, bk, lds);
-                else
-                    isa->gemv2_packed[slot](job->k, job->k, w, a, job->lda, b, c, job->ldc, s,
-                                           o, bk, lds);
-                continue;
-            }
-            for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) { /* a range per block of scales */
-                p1 = k_range_end(job, p0, job->k);
+            /* packed weights without the prefetch: one call through all of k, the kernel
+             * stepping through the blocks of scales with C in registers (nm_gemv_packed_fn);
+             * else a call per block of scales */
+            const int whole_k = job->packed && !ahead;
+            for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) {
+                p1 = whole_k ? job->k : k_range_end(job, p0, job->k);
                 if (ahead) { /* the block `ahead` rows on in the walk, in the next chunk */
                     const int64_t pa = (p0 + ahead) % job->k;
                     const int64_t ja = jc + (p0 + ahead >= job->k ? chunk : 0);
@@ -429,13 +418,15 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                 int64_t ldb;
                 const uint8_t *b = weights_at(job, p0, jc, &ldb);
                 const float *s = scales_at(job, p0, jc), *o = offsets_at(job, p0, jc);
-                if (rows == 1 && job->packed) /* one block a call, for the prefetch */
-                    isa->gemv_packed[slot](p1 - p0, job->k, w, a + p0, b, c, s, o, p1 - p0, 0);
+                const int64_t bk = whole_k && job->scales ? job->scales->bk : p1 - p0;
+                const int64_t lds = whole_k && job->scales ? job->scales->ld : 0;
+                if (rows == 1 && job->packed)
+                    isa->gemv_packed[slot](p1 - p0, job->k, w, a + p0, b, c, s, o, bk, lds);
                 else if (rows == 1)
                     isa->gemv[slot](p1 - p0, w, a + p0, b, ldb, c, s, o);
                 else if (job->packed)
                     isa->gemv2_packed[slot](p1 - p0, job->k, w, a + p0, job->lda, b, c,
-                                           job->ldc, s, o, p1 - p0, 0);
+                                           job->ldc, s, o, bk, lds);
                 else
                     isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
             }
