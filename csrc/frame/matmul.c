@@ -9,9 +9,10 @@
  * when the output is narrow (disjoint C elements either way), never k, so the thread count
  * never changes a bit either.
  *
- * Scales: a scaled format's kernels take the scales of one block of rows of B (nm_scales),
- * so every k range handed to a kernel stays inside one such block; cutting a chain at a
- * block's end changes no bit, as above. */
+ * Scales: a scaled format's pack and gemv slots take the scales of one block of rows of B
+ * (nm_scales), so every k range handed to them stays inside one such block; cutting a chain
+ * at a block's end changes no bit, as above. The packed gemvs and the first tile
+ * (ukernel_pack) take the block length and the grid's row stride and walk several. */
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -221,55 +222,50 @@ static void prefetch_gemv_block(const matmul_job *job, int64_t p, int64_t j, int
     prefetch_block_scales(job, p, j, w);
 }
 
+/* Pack a sliver narrower than NR (the range's last), kc rows from row pc, a block of scales
+ * at a time (the pack slots take one block's scales). */
+static void pack_narrow_sliver(const matmul_job *job, int64_t pc, int64_t kc, int64_t jr,
+                               int64_t w, float *sliver) {
+    const int64_t nr = job->isa->nr;
+    for (int64_t p = pc, pe; p < pc + kc; p = pe) {
+        pe = k_range_end(job, p, pc + kc - p);
+        int64_t ldb;
+        const uint8_t *b = weights_at(job, p, jr, &ldb);
+        job->isa->pack[job->slot](pe - p, w, b, ldb, (int)nr, sliver + (p - pc) * nr,
+                                  scales_at(job, p, jr), offsets_at(job, p, jr));
+    }
+}
+
 /* The tiles of one kc-row block of one sliver (columns jr.., w <= NR wide) down mc rows:
- * the first tile decodes the sliver from the weights while computing (ukernel_pack), the
- * tiles below reuse the decoded sliver from L1. A sliver narrower than NR (the range's last)
- * is packed first. c_after is the tile computed after the last one here (a prefetch hint);
- * (p_next, j_next) the k block and sliver decoded after this one (p_next < 0: none). */
+ * the first tile decodes the sliver from the weights while computing (ukernel_pack, through
+ * every block of scales the k block spans, C in registers), the tiles below reuse the decoded
+ * sliver from L1. A sliver narrower than NR is packed first. c_after is the tile computed
+ * after the last one here (a prefetch hint); (p_next, j_next) the k block and sliver decoded
+ * after this one (p_next < 0: none), prefetched when the k block spans several blocks of
+ * scales. */
 static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t jr, int64_t w,
                          const float *a_block, int64_t mc, float *c_block, float *sliver,
                          const float *c_after, int64_t p_next, int64_t j_next) {
     const nm_isa_kernels *isa = job->isa;
     const int64_t mr = isa->mr, nr = isa->nr, ldc = job->ldc;
-    int64_t ldb;
-    const uint8_t *b_sliver = weights_at(job, pc, jr, &ldb);
-    const float *s = scales_at(job, pc, jr), *o = offsets_at(job, pc, jr);
-    /* a k block of several blocks of scales (the pack slots take one block's): a full-width
-     * sliver's first tile decodes it a block of scales at a time while it computes, a
-     * narrower one is packed a block at a time first; then the tiles below run down the
-     * whole k block on it */
-    const int many_scales = job->scales && job->scales->bk < kc;
-    if (many_scales) {
-        for (int64_t p = pc, pe; p < pc + kc; p = pe) {
-            pe = k_range_end(job, p, pc + kc - p);
-            int64_t ldb_p;
-            const uint8_t *b_p = weights_at(job, p, jr, &ldb_p);
-            const float *s_p = scales_at(job, p, jr), *o_p = offsets_at(job, p, jr);
-            if (w == nr)
-                isa->ukernel_pack[job->slot](pe - p, min64(mr, mc), a_block + (p - pc) * mr,
-                                            b_p, ldb_p, sliver + (p - pc) * nr, c_block + jr,
-                                            ldc, mr < mc ? c_block + mr * ldc + jr : c_after,
-                                            s_p, o_p);
-            else
-                isa->pack[job->slot](pe - p, w, b_p, ldb_p, (int)nr, sliver + (p - pc) * nr,
-                                     s_p, o_p);
-        }
-        if (p_next >= 0) prefetch_sliver_block(job, p_next, j_next);
-    }
+    const nm_scales *sc = job->scales;
+    const int many_scales = sc && sc->bk < kc;
     for (int64_t ic = 0; ic < mc; ic += mr) {
         float *c_tile = c_block + ic * ldc + jr;
         const float *c_next = ic + mr < mc ? c_tile + mr * ldc : c_after;
         const float *ap = a_block + ic * kc;
         const int64_t rows = min64(mr, mc - ic);
-        if (ic == 0 && w == nr && many_scales) continue; /* computed above */
-        if (ic == 0 && w == nr && !many_scales) {
-            isa->ukernel_pack[job->slot](kc, rows, ap, b_sliver, ldb, sliver, c_tile, ldc,
-                                        c_next, s, o);
-            continue;
+        if (ic == 0 && w == nr) {
+            int64_t ldb;
+            const uint8_t *b = weights_at(job, pc, jr, &ldb);
+            isa->ukernel_pack[job->slot](kc, rows, ap, b, ldb, sliver, c_tile, ldc, c_next,
+                                        scales_at(job, pc, jr), offsets_at(job, pc, jr),
+                                        sc ? sc->bk : kc, sc ? sc->ld : 0);
+        } else {
+            if (ic == 0) pack_narrow_sliver(job, pc, kc, jr, w, sliver);
+            isa->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
         }
-        if (ic == 0 && !many_scales)
-            isa->pack[job->slot](kc, w, b_sliver, ldb, (int)nr, sliver, s, o);
-        isa->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
+        if (ic == 0 && many_scales && p_next >= 0) prefetch_sliver_block(job, p_next, j_next);
     }
 }
 

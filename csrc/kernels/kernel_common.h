@@ -409,27 +409,49 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
             memcpy((c) + i_ * (ldc), scratch + i_ * NR, (size_t)(nr) * sizeof(float));      \
     } while (0)
 
+/* The blocks of scales down a fused first tile (nm_ukernel_pack_fn's bk and lds), for a
+ * loop over its rows, or stored rows of PER rows each: NM_TILE_SCALES_INIT_ before it, and
+ * NM_TILE_SCALES_NEXT_ (an expression) at the top of every step, which moves s and o to the
+ * next block's scales when a block has ended. They move only when a row follows, so no
+ * pointer is formed past the last block, and never without scales (s NULL: one block). */
+#define NM_TILE_SCALES_INIT_(s, kc, bk, per)                                                 \
+    int64_t scale_rows_left_ = ((s) && (bk) < (kc) ? (bk) : (kc)) / (per)
+#define NM_TILE_SCALES_NEXT_(s, o, bk, lds, per)                                             \
+    (scale_rows_left_-- == 0                                                                 \
+         ? (scale_rows_left_ = (bk) / (per) - 1, (s) += (lds), (o) = (o) ? (o) + (lds) : (o), 0) \
+         : 0)
+
 /* The ukernel_pack slot around a row's fused first tile, TILE(kc, ap, b, ldb, bp, c, ldc,
- * c_next, s, o): a full MR-row tile straight on C, a shorter last one on a scratch copy. */
+ * c_next, s, o, bk, lds): a full MR-row tile straight on C, a shorter last one on a scratch
+ * copy. */
 #define NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)                                         \
     static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
                      float *bp, float *c, int64_t ldc, const float *c_next, const float *s,   \
-                     const float *o) {                                                       \
+                     const float *o, int64_t bk, int64_t lds) {                              \
         if (mr == MR) {                                                                      \
-            TILE(kc, ap, b, ldb, bp, c, ldc, c_next, s, o);                                  \
+            TILE(kc, ap, b, ldb, bp, c, ldc, c_next, s, o, bk, lds);                         \
             return;                                                                          \
         }                                                                                    \
         WITH_SCRATCH_TILE(mr, NR, c, ldc,                                                    \
-                          TILE(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o));              \
+                          TILE(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o, bk, lds));     \
     }
 
 /* A ukernel_pack made of the row's own parts, for rows without a fused one: pack the whole
- * sliver, then run the microkernel on it. Same bits; the decode just is not overlapped. */
-#define NM_DEFINE_UKERNEL_PACK_BY_PARTS(NAME, PACK, UKERNEL, NR)                             \
+ * sliver a block of scales at a time (KPACK rows a stored row), then run the microkernel on
+ * it. Same bits; the decode just is not overlapped. */
+#define NM_DEFINE_UKERNEL_PACK_BY_PARTS(NAME, PACK, UKERNEL, NR, KPACK)                      \
     static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
                      float *bp, float *c, int64_t ldc, const float *c_next, const float *s,   \
-                     const float *o) {                                                       \
-        PACK(kc, (NR), b, ldb, (NR), bp, s, o);                                              \
+                     const float *o, int64_t bk, int64_t lds) {                              \
+        const int64_t block_ = s && bk < kc ? bk : kc;                                       \
+        for (int64_t p0_ = 0; p0_ < kc; p0_ += block_) {                                     \
+            if (p0_) { /* a next block follows: its scales */                                \
+                s += lds;                                                                    \
+                o = o ? o + lds : o;                                                         \
+            }                                                                                \
+            PACK(kc - p0_ < block_ ? kc - p0_ : block_, (NR), b + p0_ / (KPACK) * ldb, ldb,  \
+                 (NR), bp + p0_ * (NR), s, o);                                               \
+        }                                                                                    \
         UKERNEL(kc, mr, (NR), ap, bp, c, ldc, c_next);                                       \
     }
 
@@ -680,7 +702,8 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 /* The first tile of both 4-bit formats as packing then the row's microkernel (UKERNEL; its
  * NR is the row's), for a row without a fused one. */
 #define NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(ISA, UKERNEL, NRW)                           \
-    NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_0_##ISA, pack_q4_0_##ISA, UKERNEL, NRW)   \
-    NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_1_##ISA, pack_q4_1_##ISA, UKERNEL, NRW)
+    NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_0_##ISA, pack_q4_0_##ISA, UKERNEL, NRW,   \
+                                    2)                                                       \
+    NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_1_##ISA, pack_q4_1_##ISA, UKERNEL, NRW, 2)
 
 #endif

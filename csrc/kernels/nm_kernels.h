@@ -117,12 +117,14 @@ typedef void (*nm_ukernel_fn)(int64_t kc, int64_t mr, int64_t nr, const float *a
  * Decoding while the FMAs run hides its cost and keeps the sliver in L1 for the next tiles.
  * b is the sliver's top-left weight (any byte address); it may prefetch further along the
  * same rows of B (a prefetch never faults) but reads only the kc x NR block. s and o are
- * the scales and offsets of one block of rows: where blocks are shorter than the k block
- * (the 4-bit formats under GGUF's 32 rows) the frame calls it once per block, on the same
- * C tile, with ap and bp advanced to the block's rows. */
+ * the scales and offsets of the sliver's first block of rows (NULL without): rows
+ * [t*bk, t*bk + bk) of the kc take those at s + t*lds and o + t*lds, so a k block spanning
+ * several blocks of scales (GGUF's 32 rows under a KC of 128) is one call, C in registers
+ * throughout (bk >= kc: one block, lds unused; bk is a multiple of the format's kpack). */
 typedef void (*nm_ukernel_pack_fn)(int64_t kc, int64_t mr, const float *ap, const uint8_t *b,
                                    int64_t ldb, float *bp, float *c, int64_t ldc,
-                                   const float *c_next, const float *s, const float *o);
+                                   const float *c_next, const float *s, const float *o,
+                                   int64_t bk, int64_t lds);
 
 /* Array codecs over n contiguous elements (no alignment needed): 16-bit formats, and the
  * 8-bit ones, whose encoder either follows ml_dtypes (saturate == 0) or clamps to the

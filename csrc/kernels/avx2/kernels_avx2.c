@@ -186,13 +186,14 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD8, SCV)                                 \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
                      float *c, int64_t ldc, const float *c_next, const float *s,             \
-                     const float *o) {                                                       \
+                     const float *o, int64_t bk, int64_t lds) {                              \
         (void)o; /* no offsets in these formats */                                           \
-        (void)s;                                                                             \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
+        NM_TILE_SCALES_INIT_(s, kc, bk, 1);                                                  \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
+            NM_TILE_SCALES_NEXT_(s, o, bk, lds, 1);                                          \
             const uint8_t *src = b + p * ldb;                                                \
             PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
             const __m256 b0 = SCV(LOAD8(src), s), b1 = SCV(LOAD8(src + 8 * (ITEM)), s + 8),  \

@@ -170,13 +170,14 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16, SCV)                                \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
                      float *c, int64_t ldc, const float *c_next, const float *s,             \
-                     const float *o) {                                                       \
+                     const float *o, int64_t bk, int64_t lds) {                              \
         (void)o; /* no offsets in these formats */                                           \
-        (void)s;                                                                             \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
+        NM_TILE_SCALES_INIT_(s, kc, bk, 1);                                                  \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
+            NM_TILE_SCALES_NEXT_(s, o, bk, lds, 1);                                          \
             const uint8_t *src = b + p * ldb;                                                \
             PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
             const __m512 b0 = SCV(LOAD16(src), s), b1 = SCV(LOAD16(src + 16 * (ITEM)), s + 16); \
@@ -229,11 +230,13 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_lo
 #define NM_DEFINE_NIBBLE_UKERNEL_PACK(FMT, NIBBLES, DEQ)                                     \
     static void tile_pack_##FMT(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb,  \
                                 float *bp, float *c, int64_t ldc, const float *c_next,       \
-                                const float *s, const float *o) {                            \
+                                const float *s, const float *o, int64_t bk, int64_t lds) {   \
         (void)o; /* Q4_0 has no offsets */                                                   \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
+        NM_TILE_SCALES_INIT_(s, kc, bk, 2);                                                  \
         for (int64_t r = 0; r < kc / 2; ++r) {                                               \
+            NM_TILE_SCALES_NEXT_(s, o, bk, lds, 2);                                          \
             __m512 lo0, hi0, lo1, hi1;                                                       \
             NIBBLES(b + r * ldb, lo0, hi0);                                                  \
             NIBBLES(b + r * ldb + 16, lo1, hi1);                                             \

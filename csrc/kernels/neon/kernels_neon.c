@@ -165,12 +165,13 @@ static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *ap
 #define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD4, SCV)                                 \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
                      float *c, int64_t ldc, const float *c_next, const float *s,             \
-                     const float *o) {                                                       \
+                     const float *o, int64_t bk, int64_t lds) {                              \
         (void)o; /* no offsets in these formats */                                           \
         (void)c_next; /* no software prefetch on this row */                                 \
-        (void)s;                                                                             \
+        NM_TILE_SCALES_INIT_(s, kc, bk, 1);                                                  \
         TILE_8X8_BODY(c, ldc,                                                                \
-                      (b0 = SCV(LOAD4(b + p * ldb), s),                                      \
+                      (NM_TILE_SCALES_NEXT_(s, o, bk, lds, 1),                               \
+                       b0 = SCV(LOAD4(b + p * ldb), s),                                      \
                        b1 = SCV(LOAD4(b + p * ldb + 4 * (ITEM)), s + 4),                     \
                        vst1q_f32(bp + p * NR, b0), vst1q_f32(bp + p * NR + 4, b1)));         \
     }                                                                                        \

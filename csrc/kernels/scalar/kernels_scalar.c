@@ -99,17 +99,17 @@ static void ukernel_4x8_scalar(int64_t kc, int64_t mr, int64_t nr, const float *
 }
 
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_f32_scalar, pack_f32_scalar, ukernel_4x8_scalar,
-                                SCALAR_NR)
+                                SCALAR_NR, 1)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_fp16_scalar, pack_fp16_scalar, ukernel_4x8_scalar,
-                                SCALAR_NR)
+                                SCALAR_NR, 1)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_bf16_scalar, pack_bf16_scalar, ukernel_4x8_scalar,
-                                SCALAR_NR)
+                                SCALAR_NR, 1)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_e4m3fn_scalar, pack_e4m3fn_scalar,
-                                ukernel_4x8_scalar, SCALAR_NR)
+                                ukernel_4x8_scalar, SCALAR_NR, 1)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_e5m2_scalar, pack_e5m2_scalar, ukernel_4x8_scalar,
-                                SCALAR_NR)
+                                SCALAR_NR, 1)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q8_0_scalar, pack_q8_0_scalar, ukernel_4x8_scalar,
-                                SCALAR_NR)
+                                SCALAR_NR, 1)
 
 NM_DEFINE_CODEC_LOOP(decode_fp16_scalar, uint16_t, float, nm_fp16_to_f32)
 NM_DEFINE_CODEC_LOOP(decode_bf16_scalar, uint16_t, float, nm_bf16_to_f32)
