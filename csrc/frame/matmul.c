@@ -53,9 +53,15 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * NM_LONG_GEMV_SLIVERS, fewer streams at once: measured on an AMD Zen 5 (in process, cold,
  * Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192) 1.02-1.28x at 2 threads and 0.89-1.29x at 1 (10 of
  * 12 above 1.0), the avx2 row 0.99-1.23x; at m = 2 on 4-bit slivers it was mixed
- * (0.80-1.27x), so two rows keep NM_BLOCKED_GEMV_SLIVERS. */
+ * (0.80-1.27x), so two rows keep NM_BLOCKED_GEMV_SLIVERS. Short slivers of the 8-bit formats
+ * (Q8_0, FP8 under blocks of scales) at m = 1 take one sliver at a time
+ * (NM_SHORT_BYTE_GEMV_SLIVERS): the packed slivers follow each other in memory, so the call
+ * reads its codes as one stream. Measured on a Zen 5 (in process, cold, k of 576 and 768)
+ * at 1 thread: Q8_0 1.07-1.26x and e4m3fn 1.17-1.23x on avx512, Q8_0 1.21-1.36x on avx2; at 2
+ * threads 0.96-1.14x. The 4-bit formats ran 0.64-0.77x so: they keep chunks. */
 #define NM_BLOCKED_GEMV_SLIVERS 8
 #define NM_LONG_GEMV_SLIVERS 4
+#define NM_SHORT_BYTE_GEMV_SLIVERS 1
 #define NM_GEMV_PREFETCH_AHEAD 2
 #define NM_GEMV_SHORT_SLIVER_BYTES ((int64_t)24 << 10)
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
@@ -387,14 +393,17 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
          * one stream, and one packed gemv call per chunk keeps its C in registers. */
         const int64_t sliver_bytes = job->k / nm_format_table[job->fmt].kpack * isa->nr *
                                      nm_format_table[job->fmt].itemsize;
-        const int64_t chunk_slivers = rows == 1 && sliver_bytes > NM_GEMV_SHORT_SLIVER_BYTES
-                                          ? NM_LONG_GEMV_SLIVERS
+        const int short_slivers = sliver_bytes <= NM_GEMV_SHORT_SLIVER_BYTES;
+        const int64_t chunk_slivers = rows > 1 ? NM_BLOCKED_GEMV_SLIVERS
+                                      : !short_slivers ? NM_LONG_GEMV_SLIVERS
+                                      : nm_format_table[job->fmt].kpack == 1
+                                          ? NM_SHORT_BYTE_GEMV_SLIVERS
                                           : NM_BLOCKED_GEMV_SLIVERS;
         const int64_t chunk = job->packed && job->scales && job->scales->bk < job->k
                                   ? chunk_slivers * isa->nr
                                   : j1 - j0;
         const int64_t ahead = chunk < j1 - j0 && nm_format_table[job->fmt].kpack > 1 &&
-                                      sliver_bytes <= NM_GEMV_SHORT_SLIVER_BYTES
+                                      short_slivers
                                   ? NM_GEMV_PREFETCH_AHEAD * job->scales->bk
                                   : 0;
         for (int64_t jc = j0; jc < j1; jc += chunk) {
