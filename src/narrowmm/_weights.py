@@ -94,13 +94,14 @@ def expand_pairs(values: np.ndarray, axis: int) -> np.ndarray:
 
 def kernel_grid_columns(ld: int) -> int:
     """The columns of the kernels' form of a grid asked for with ``ld`` columns (the rows'
-    stride, nm_scales.ld): ``ld``, or 16 more when a row would be a whole number of 4 KiB.
-    The kernels read a block's row, then the next block's, down k; rows a multiple of 4 KiB
-    apart all fall into the same cache sets and evict each other. Measured on an AMD Zen 5
-    (docs/kernels.md): Q4_0 1024 x 1024 2.1x faster with the 64 more bytes a row, Q4_1
-    2048 x 8192 1.24x (m = 1) and 1.48x (m = 2); shapes whose rows are not a multiple of
-    4 KiB ran no faster with them (576 columns: slower), so they keep ``ld``."""
-    return ld + 16 if ld > 0 and ld % 1024 == 0 else ld
+    stride, nm_scales.ld): ``ld``, or 16 more when a row would be a multiple of 512 bytes.
+    The kernels read a block's row, then the next block's, down k; rows a multiple of 512
+    bytes apart sit at no more than 8 offsets modulo 4 KiB, and at such strides the walks
+    ran up to 2.3x slower on an AMD Zen 5 (docs/kernels.md: the rows share cache sets, and
+    the short walk's loads of them can alias its stores of C). 64 more bytes a row spread
+    them over all 64 offsets. Measured there: 1.5-2.3x faster at n of 512 to 1024 with k up
+    to 1536, Q4_1 2048 x 8192 1.24x (m = 1) and 1.48x (m = 2), other shapes 0.97-1.05x."""
+    return ld + 16 if ld > 0 and ld % 128 == 0 else ld
 
 
 class _KernelScales:
@@ -173,8 +174,8 @@ class _ScaledMatrix:
 
     def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
         """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
-        :meth:`Scales.expanded` to ``ld`` columns (16 more where a row would be a whole
-        number of 4 KiB: ``kernel_grid_columns``) times ``2**format.scale_exponent``, and
+        :meth:`Scales.expanded` to ``ld`` columns (16 more where a row would be a multiple
+        of 512 bytes: ``kernel_grid_columns``) times ``2**format.scale_exponent``, and
         whether no weight is a NaN/Inf code. Made once per ``ld``; None without scales."""
         if self.scales is None:
             return None
