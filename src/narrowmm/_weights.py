@@ -92,18 +92,6 @@ def expand_pairs(values: np.ndarray, axis: int) -> np.ndarray:
     return values.reshape(rows, cols * pair)  # (out, in/2, 2) -> (out, in)
 
 
-def kernel_grid_columns(ld: int) -> int:
-    """The columns of the kernels' form of a grid asked for with ``ld`` columns (the rows'
-    stride, nm_scales.ld): ``ld``, or 16 more when a row would be a multiple of 512 bytes.
-    The kernels read a block's row, then the next block's, down k; rows a multiple of 512
-    bytes apart sit at no more than 8 offsets modulo 4 KiB, and at such strides the walks
-    ran up to 2.3x slower on an AMD Zen 5 (docs/kernels.md: the rows share cache sets, and
-    the short walk's loads of them can alias its stores of C). 64 more bytes a row spread
-    them over all 64 offsets. Measured there: 1.5-2.3x faster at n of 512 to 1024 with k up
-    to 1536, Q4_1 2048 x 8192 1.24x (m = 1) and 1.48x (m = 2), other shapes 0.97-1.05x."""
-    return ld + 16 if ld > 0 and ld % 128 == 0 else ld
-
-
 class _KernelScales:
     """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
     once per row width, and whether the weights hold no NaN/Inf code (looked at once)."""
@@ -116,23 +104,21 @@ class _KernelScales:
 
     def get(self, scales: Scales, fmt: Format, bits: np.ndarray, shape: tuple[int, int],
             ld: int, offsets: Scales | None = None) -> tuple[np.ndarray, int, bool]:
-        cols = kernel_grid_columns(ld)
-        if cols not in self._by_ld:
-            grid, bk = scales.expanded(shape, cols)
+        if ld not in self._by_ld:
+            grid, bk = scales.expanded(shape, ld)
             grid *= np.float32(2.0 ** fmt.scale_exponent)  # exact: checked_scales' bound
             if offsets is not None:  # below the scales, as many rows (the binding splits it)
-                ogrid, _ = offsets.expanded(shape, cols)
+                ogrid, _ = offsets.expanded(shape, ld)
                 ogrid[:, shape[1]:] = 0.0
                 grid = np.ascontiguousarray(np.concatenate([grid, ogrid]))
-            self._by_ld[cols] = grid, bk
+            self._by_ld[ld] = grid, bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
             special = np.uint8(fmt.special_bits)
             self._finite = not special or not bool(np.any((bits & special) == special))
-        return (*self._by_ld[cols], self._finite)
+        return (*self._by_ld[ld], self._finite)
 
     def preset(self, grid: np.ndarray, bk: int, finite: bool) -> None:
-        """Take a kernels' form made before (``grid.shape[1]`` columns, as ``get`` makes
-        them) as it is."""
+        """Take a kernels' form made before (for ``grid.shape[1]`` columns) as it is."""
         self._by_ld[grid.shape[1]] = grid, bk
         self._finite = finite
 
@@ -174,8 +160,7 @@ class _ScaledMatrix:
 
     def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
         """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
-        :meth:`Scales.expanded` to ``ld`` columns (16 more where a row would be a multiple
-        of 512 bytes: ``kernel_grid_columns``) times ``2**format.scale_exponent``, and
+        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent``, and
         whether no weight is a NaN/Inf code. Made once per ``ld``; None without scales."""
         if self.scales is None:
             return None
