@@ -127,7 +127,7 @@ static int64_t k_range_end(const matmul_job *job, int64_t p, int64_t len) {
 
 /* Where the tiled path's k block starting at row p ends: kc_max rows on, cut where p's block
  * of scales ends; or, with long_k_blocks, as many whole blocks of scales shorter than kc_max
- * (GGUF's 32 rows) as fit: the first tile decodes the sliver a block of scales at a time
+ * (GGUF's 32 rows) as fit: the first tile decodes the sliver through them in one call
  * (sliver_block) and the tiles below run down kc_max rows, not 32, C reloaded less often. */
 static int64_t k_block_end(const matmul_job *job, int64_t p, int64_t kc_max) {
     if (job->long_k_blocks)
@@ -287,9 +287,10 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * Packed weights and few rows (NM_SLIVER_OUTER_ROWS): slivers outside, k blocks inside. A
  * sliver's rows are then one contiguous stream from its first k block to its last, which the
  * hardware prefetchers follow from block to block, and its few C tiles stay in L1 across the
- * k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats, whose
- * first tile runs a block of scales at a time (sliver_block): they measured faster with the
- * k blocks outside at m = 4 to 16 (docs/kernels.md, "The block formats' speed"); the other
+ * k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats: they
+ * measured faster with the k blocks outside at m = 4 to 16, with the first tile a block of
+ * scales at a time and again with it through a k block in one call (docs/kernels.md, "The
+ * block formats' speed": 0.87-0.92x slivers outside at m = 16); the other
  * formats that do (long_k_blocks) take it for one tile's rows only: Q8_0 at m = 16 ran 1.5x
  * faster with the k blocks outside, at m = 4 and 8 slower. */
 static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,

@@ -222,8 +222,8 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_lo
                          _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0,
                          NIBBLES16_Q4_1, DEQ16_Q4_1)
 
-/* The first tile of a 4-bit sliver under one block of scales (the frame calls it a block at
- * a time), decoding on the way: stored row r gives sliver rows 2r (low nibbles) and 2r + 1
+/* The first tile of a 4-bit sliver through the blocks of scales of its k block (bk, lds),
+ * decoding on the way: stored row r gives sliver rows 2r (low nibbles) and 2r + 1
  * (high), each stored for the tiles below and fed to its 16 FMAs in the same step, so the
  * decode's permutes and multiplies share the cycles of the tile's FMAs instead of running
  * as a pass of their own. The decode is pack's (NIBBLES, DEQ), so are the bits. */
