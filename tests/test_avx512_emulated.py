@@ -241,10 +241,12 @@ def test_every_weight_pattern_through_the_packed_layout(emulator, m):
 
 def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads: int,
              finite: bool, pad: int = 0, b_offset: int = 0, bits: np.ndarray | None = None,
-             scales: nm.Scales | None = None, packed_layout: bool = False):
+             scales: nm.Scales | None = None, packed_layout: bool = False,
+             half: bool = False):
     """An FP8 job with a random block grid of scales (or the given ones) in the kernels'
     form, and the scalar row's answer. finite: NaN/Inf codes replaced by zero, and the
-    finite-weights kernels asked for."""
+    finite-weights kernels asked for. half (Q4_0, Q4_1): the random scales and offsets
+    rounded to binary16, which the kernels then take as a float16 grid."""
     f = nm.get_format(fmt)
     ldb = n + pad
     k += k % f.kpack  # the 4-bit formats: two rows a byte
@@ -261,6 +263,12 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
         scales = nm.Scales(grid, (bk if bk <= k else 0, 1))
         if f.offsets:
             offsets = nm.Scales(rng.standard_normal(grid.shape).astype(np.float32), scales.block)
+        if half:  # binary16 values, a subnormal one among them
+            grid[0, 0] = 2.0**-20
+            scales = nm.Scales(grid.astype(np.float16).astype(np.float32), scales.block)
+            if offsets is not None:
+                offsets = nm.Scales(offsets.values.astype(np.float16).astype(np.float32),
+                                    scales.block)
     elif f.offsets:
         offsets = nm.Scales(np.zeros_like(scales.values), scales.block)
     w = nm.Weights.from_bits(np.ascontiguousarray(raw[:, :n]), fmt, scales, offsets)
@@ -272,10 +280,12 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
         nm.matmul(np.ascontiguousarray(x[:, :k]), w, out=want, accumulate=accumulate)
     grid, bk, is_finite = w.kernel_scales(-(-n // 96) * 96)  # whole slivers of every row
     assert is_finite == finite or not finite
+    assert grid.dtype == np.float16 or not half
     job = dict(op=EMU_MATMUL, fmt=FMT[fmt], m=m, n=n, k=k, lda=k + pad, ldb=ldb, ldc=n + pad,
                accumulate=int(accumulate), threads=threads, a=x.tobytes(), b=raw.tobytes(),
                c=window.tobytes(), c_size=window.nbytes, b_offset=b_offset, s=grid.tobytes(),
-               s_ld=grid.shape[1], s_bk=bk, s_finite=int(finite))
+               s_ld=grid.shape[1], s_bk=bk, s_finite=int(finite),
+               s_half=int(grid.dtype == np.float16))
     if packed_layout:
         slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_NR)
         job = dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0)
@@ -301,6 +311,20 @@ def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, fini
                                   b_offset=int(rng.choice([0, 1, 3])),
                                   packed_layout=bool(rng.integers(2))))
     cases.append(fp8_case(rng, fmt, 5, 1100, 300, accumulate=False, threads=7, finite=finite))
+    check_matmul(run(emulator, [c[0] for c in cases]), cases)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1"])
+def test_binary16_scale_grids_equal_the_scalar_row(emulator, fmt):
+    """The 4-bit formats on binary16 grids of scales and offsets (nm_scales.s16: the packed
+    gemvs' own kernels at m = 1 and 2, the frame widening them for the rest), row-major and
+    packed, over tile edges and blocks of scales."""
+    rng = np.random.default_rng(50 + FMT[fmt])
+    cases = [fp8_case(rng, fmt, m, n, int(rng.choice([2, 18, 130, 300])),
+                      accumulate=bool(rng.integers(2)), threads=int(rng.choice([1, 2, 7])),
+                      finite=False, pad=int(rng.choice([0, 5])), packed_layout=packed,
+                      half=True)
+             for m in (1, 2, 3, 9) for n in (15, 32, 33, 97, 200) for packed in (False, True)]
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 

@@ -42,15 +42,16 @@ def gguf_values(values: np.ndarray, fmt: str) -> np.ndarray:
 def test_the_rows_of_the_format_table():
     want = {"q8_0": (5, 1, 1, -128.0, 127.0), "q4_0": (6, 1, 2, -8.0, 7.0),
             "q4_1": (7, 1, 2, 0.0, 15.0)}
-    c_rows = {name: (code, size, scaled, kpack, offset)
-              for code, name, size, scaled, _, kpack, offset in core().formats()}
+    c_rows = {name: (code, size, scaled, kpack, offset, half)
+              for code, name, size, scaled, _, kpack, offset, half in core().formats()}
     for name, (code, size, kpack, lo, hi) in want.items():
         f = nm.get_format(name)
         assert (f.code, f.itemsize, f.kpack, f.min_code, f.max_finite) == (code, size, kpack,
                                                                             lo, hi)
         assert f.scaled and f.integer and f.gguf_block == 32 and f.special_bits == 0
         assert f.offsets == (name == "q4_1")
-        assert c_rows[name] == (code, size, 1, kpack, int(f.offsets))
+        assert f.half_scales == (name != "q8_0")
+        assert c_rows[name] == (code, size, 1, kpack, int(f.offsets), int(f.half_scales))
 
 
 def code_values(fmt: str) -> np.ndarray:
@@ -299,3 +300,92 @@ def test_torch_layer_quantizes_to_gguf_blocks(fmt):
         with torch.inference_mode():
             got = layer(x).numpy()
         assert_same_bits(got, nm.matmul(x.numpy(), w, bias=lin.bias.detach().numpy()))
+
+
+# ---- binary16 grids of scales (Format.half_scales) ------------------------------------------
+
+HALF = ["q4_0", "q4_1"]
+
+
+@pytest.mark.parametrize("fmt", HALF)
+@pytest.mark.parametrize("k, n", [(512, 300), (2112, 300)])
+def test_binary16_and_float32_grids_give_the_same_bits(fmt, isa, k, n):
+    """GGUF's scales and offsets are binary16 numbers, so the kernels take them as a float16
+    grid (the packed gemvs read it as it is, the frame widens it for the other slots): the
+    same bits as the float32 grid of the same values, at m = 1, 2, 3 and 16, row-major and
+    packed, on 1 and 2 threads; k = 512 walks short slivers (prefetch, a call per block),
+    2112 long ones."""
+    c = core()
+    code = nm.get_format(fmt).code
+    rng = np.random.default_rng(8)
+    w = nm.Weights.quantize((rng.standard_normal((k, n)) * 0.05).astype(np.float32), fmt)
+    packed = w.pack()
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    before = nm.get_num_threads()
+    try:
+        for threads in (1, 2):
+            nm.set_num_threads(threads)
+            for m in (1, 2, 3, 16):
+                for weights in (w, packed):
+                    ld = packed.bits.shape[0] * packed.width if weights is packed else n
+                    g16, bk, finite = weights.kernel_scales(ld)
+                    assert g16.dtype == np.float16
+                    got = {}
+                    for grid in (g16, g16.astype(np.float32)):
+                        out = np.empty((m, n), np.float32)
+                        if weights is packed:
+                            c.matmul_packed(code, x[:m], packed.sliver_rows, n, out, False,
+                                            grid, bk, finite)
+                        else:
+                            c.matmul(code, x[:m], w.bits, out, False, grid, bk, finite)
+                        got[grid.dtype] = out
+                    assert_same_bits(got[np.dtype(np.float16)], got[np.dtype(np.float32)])
+    finally:
+        nm.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fmt", HALF)
+def test_scales_that_are_not_binary16_keep_a_float32_grid(fmt, isa):
+    """A scale or offset off binary16's numbers (the exact K-type conversions' d * sc, or a
+    user's own) keeps the float32 grid, and the oracle's bits."""
+    rng = np.random.default_rng(9)
+    q = rng.integers(0, 256, (32, 40), dtype=np.uint8)
+    scales = nm.Scales.blocks(np.full((1, 40), 0.1, np.float32), (64, 1))
+    offsets = nm.Scales.blocks(np.full((1, 40), 0.5, np.float32), (64, 1))
+    w = nm.Weights.from_bits(q, fmt, scales, offsets if fmt == "q4_1" else None)
+    assert w.kernel_scales(40)[0].dtype == np.float32
+    assert w.pack().kernel_scales(64)[0].dtype == np.float32
+    for m in (1, 2, 5):
+        assert_oracle_bits_on_every_path(rng.standard_normal((m, 64)).astype(np.float32), w)
+
+
+def test_binary16_grids_only_where_the_format_takes_them():
+    c = core()
+    x = np.ones((1, 32), np.float32)
+    out = np.empty((1, 8), np.float32)
+    with pytest.raises(TypeError, match="format 'q8_0' takes float32 scales, not float16"):
+        c.matmul(nm.get_format("q8_0").code, x, np.zeros((32, 8), np.uint8), out, False,
+                 np.ones((1, 8), np.float16), 32, True)
+    with pytest.raises(TypeError, match="scales must be a 2-D aligned float32 or float16 "
+                                        "array"):
+        c.matmul(nm.get_format("q4_0").code, x, np.zeros((16, 8), np.uint8), out, False,
+                 np.ones((1, 8), np.float64), 32, True)
+
+
+def test_torch_layer_keeps_its_binary16_grid_through_dtype_casts():
+    """narrowmm.torch.Linear stores a float16 grid as int16 bits, so module.float() or
+    .to(bfloat16), which cast floating buffers, leave it (and the bits) alone."""
+    torch = require("torch")
+    import narrowmm.torch as nmt
+
+    lin = torch.nn.Linear(64, 40, bias=False)
+    x = torch.randn(2, 64)
+    for fmt in HALF:
+        layer = nmt.Linear.from_torch(lin, fmt)
+        assert layer.weight_scales.dtype == torch.int16
+        with torch.inference_mode():
+            want = layer(x)
+            layer.float()
+            layer.to(torch.bfloat16)
+            assert layer.weight_scales.dtype == torch.int16
+            assert_same_bits(layer(x).numpy(), want.numpy())

@@ -21,14 +21,14 @@
 #include "threads.h"
 
 const nm_format_info nm_format_table[NM_FMT_COUNT] = {
-    [NM_FMT_F32] = {"f32", 4, 0, 0, 1, 0},
-    [NM_FMT_FP16] = {"fp16", 2, 0, 0, 1, 0},
-    [NM_FMT_BF16] = {"bf16", 2, 0, 0, 1, 0},
-    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8, 1, 0}, /* 15 - 7: binary16's bias against e4m3fn's */
-    [NM_FMT_E5M2] = {"e5m2", 1, 1, 0, 1, 0},     /* e5m2 is a binary16's top byte */
-    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0},     /* raw() is the int8 code itself */
-    [NM_FMT_Q4_0] = {"q4_0", 1, 1, 0, 2, 0},     /* raw() is q - 8 */
-    [NM_FMT_Q4_1] = {"q4_1", 1, 1, 0, 2, 1},     /* raw() is q, then fma with d and m */
+    [NM_FMT_F32] = {"f32", 4, 0, 0, 1, 0, 0},
+    [NM_FMT_FP16] = {"fp16", 2, 0, 0, 1, 0, 0},
+    [NM_FMT_BF16] = {"bf16", 2, 0, 0, 1, 0, 0},
+    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8, 1, 0, 0}, /* 15 - 7: binary16's bias against e4m3fn's */
+    [NM_FMT_E5M2] = {"e5m2", 1, 1, 0, 1, 0, 0},     /* e5m2 is a binary16's top byte */
+    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0, 0},     /* raw() is the int8 code itself */
+    [NM_FMT_Q4_0] = {"q4_0", 1, 1, 0, 2, 0, 1},     /* raw() is q - 8 */
+    [NM_FMT_Q4_1] = {"q4_1", 1, 1, 0, 2, 1, 1},     /* raw() is q, then fma with d and m */
 };
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of
@@ -105,16 +105,52 @@ static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, in
     return job->b + nm_packed_offset(job->k / kpack, nr, itemsize, p / kpack, j);
 }
 
-/* The scales of columns j.. for rows in the block of row p, or NULL without scales. */
-static const float *scales_at(const matmul_job *job, int64_t p, int64_t j) {
+/* Where the scales (offsets: 1) of columns j.. for rows in the block of row p are, in either
+ * grid's width (nm_scales.s or s16), or NULL: for the prefetch hints. */
+static const void *grid_at(const matmul_job *job, int offsets, int64_t p, int64_t j) {
     const nm_scales *sc = job->scales;
-    return sc ? sc->s + (p / sc->bk) * sc->ld + j : NULL;
+    const int64_t at = (p / sc->bk) * sc->ld + j;
+    if (sc->s16) {
+        const uint16_t *g = offsets ? sc->o16 : sc->s16;
+        return g ? g + at : NULL;
+    }
+    const float *g = offsets ? sc->o : sc->s;
+    return g ? g + at : NULL;
 }
 
-/* The same for the offsets of a format with offsets, else NULL. */
-static const float *offsets_at(const matmul_job *job, int64_t p, int64_t j) {
+/* The float32 scales and offsets of columns j.. (w wide) for the blocks of rows [p, pe), as
+ * the slots that take float32 read them: *s and *o at the block of row p (NULL without
+ * scales, or offsets), *lds from one block to the next. Those of a float32 grid are the
+ * grid's own; a binary16 grid's rows are widened (exactly) into buf, which holds
+ * 2 * scale_blocks(job, pe - p) * w floats. */
+static void float_scales(const matmul_job *job, int64_t p, int64_t pe, int64_t j, int64_t w,
+                         float *buf, const float **s, const float **o, int64_t *lds) {
     const nm_scales *sc = job->scales;
-    return sc && sc->o ? sc->o + (p / sc->bk) * sc->ld + j : NULL;
+    *s = *o = NULL;
+    *lds = 0;
+    if (!sc) return;
+    if (!sc->s16) {
+        *s = sc->s + (p / sc->bk) * sc->ld + j;
+        *o = sc->o ? sc->o + (p / sc->bk) * sc->ld + j : NULL;
+        *lds = sc->ld;
+        return;
+    }
+    const int64_t q0 = p / sc->bk, blocks = (pe - 1) / sc->bk - q0 + 1;
+    const nm_decode_fn widen = job->isa->decode[NM_FMT_FP16];
+    for (int64_t q = 0; q < blocks; ++q) {
+        widen(sc->s16 + (q0 + q) * sc->ld + j, buf + q * w, w);
+        if (sc->o16) widen(sc->o16 + (q0 + q) * sc->ld + j, buf + (blocks + q) * w, w);
+    }
+    *s = buf;
+    *o = sc->o16 ? buf + blocks * w : NULL;
+    *lds = w;
+}
+
+/* The most blocks of scales `rows` consecutive rows starting at a block's start span (the
+ * k ranges of float_scales' callers do start at one, or stay inside one), for its buffer. */
+static int64_t scale_blocks(const matmul_job *job, int64_t rows) {
+    const int64_t bk = job->scales->bk;
+    return bk >= rows ? 1 : (rows + bk - 1) / bk;
 }
 
 /* Where a k range starting at row p must end: at most `len` rows on, and at the end of p's
@@ -187,11 +223,13 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
 }
 
 /* A hint (a prefetch never faults) for the scales and offsets of columns j.. (w wide) in the
- * block of scales of row p: a line per 16 columns, each block a grid row (n floats) apart. */
+ * block of scales of row p: a line per 64 bytes of the grid's row. */
 static void prefetch_block_scales(const matmul_job *job, int64_t p, int64_t j, int64_t w) {
-    for (int64_t x = 0; x < w; x += 16) {
-        __builtin_prefetch(scales_at(job, p, j) + x);
-        if (job->scales->o) __builtin_prefetch(offsets_at(job, p, j) + x);
+    const int64_t item = job->scales->s16 ? 2 : 4;
+    const char *s = grid_at(job, 0, p, j), *o = grid_at(job, 1, p, j);
+    for (int64_t x = 0; x < w * item; x += 64) {
+        __builtin_prefetch(s + x);
+        if (o) __builtin_prefetch(o + x);
     }
 }
 
@@ -229,16 +267,19 @@ static void prefetch_gemv_block(const matmul_job *job, int64_t p, int64_t j, int
 }
 
 /* Pack a sliver narrower than NR (the range's last), kc rows from row pc, a block of scales
- * at a time (the pack slots take one block's scales). */
+ * at a time (the pack slots take one block's scales): s and o (float_scales) are those of
+ * pc's block, lds apart. */
 static void pack_narrow_sliver(const matmul_job *job, int64_t pc, int64_t kc, int64_t jr,
-                               int64_t w, float *sliver) {
+                               int64_t w, float *sliver, const float *s, const float *o,
+                               int64_t lds) {
     const int64_t nr = job->isa->nr;
     for (int64_t p = pc, pe; p < pc + kc; p = pe) {
         pe = k_range_end(job, p, pc + kc - p);
+        const int64_t t = job->scales ? p / job->scales->bk - pc / job->scales->bk : 0;
         int64_t ldb;
         const uint8_t *b = weights_at(job, p, jr, &ldb);
         job->isa->pack[job->slot](pe - p, w, b, ldb, (int)nr, sliver + (p - pc) * nr,
-                                  scales_at(job, p, jr), offsets_at(job, p, jr));
+                                  s ? s + t * lds : NULL, o ? o + t * lds : NULL);
     }
 }
 
@@ -251,11 +292,15 @@ static void pack_narrow_sliver(const matmul_job *job, int64_t pc, int64_t kc, in
  * scales. */
 static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t jr, int64_t w,
                          const float *a_block, int64_t mc, float *c_block, float *sliver,
-                         const float *c_after, int64_t p_next, int64_t j_next) {
+                         float *scale_buf, const float *c_after, int64_t p_next,
+                         int64_t j_next) {
     const nm_isa_kernels *isa = job->isa;
     const int64_t mr = isa->mr, nr = isa->nr, ldc = job->ldc;
     const nm_scales *sc = job->scales;
     const int many_scales = sc && sc->bk < kc;
+    const float *s, *o;
+    int64_t lds;
+    float_scales(job, pc, pc + kc, jr, w, scale_buf, &s, &o, &lds);
     for (int64_t ic = 0; ic < mc; ic += mr) {
         float *c_tile = c_block + ic * ldc + jr;
         const float *c_next = ic + mr < mc ? c_tile + mr * ldc : c_after;
@@ -264,11 +309,10 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
         if (ic == 0 && w == nr) {
             int64_t ldb;
             const uint8_t *b = weights_at(job, pc, jr, &ldb);
-            isa->ukernel_pack[job->slot](kc, rows, ap, b, ldb, sliver, c_tile, ldc, c_next,
-                                        scales_at(job, pc, jr), offsets_at(job, pc, jr),
-                                        sc ? sc->bk : kc, sc ? sc->ld : 0);
+            isa->ukernel_pack[job->slot](kc, rows, ap, b, ldb, sliver, c_tile, ldc, c_next, s,
+                                        o, sc ? sc->bk : kc, lds);
         } else {
-            if (ic == 0) pack_narrow_sliver(job, pc, kc, jr, w, sliver);
+            if (ic == 0) pack_narrow_sliver(job, pc, kc, jr, w, sliver, s, o, lds);
             isa->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
         }
         if (ic == 0 && many_scales && p_next >= 0) prefetch_sliver_block(job, p_next, j_next);
@@ -309,9 +353,15 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     const size_t b_bytes = (size_t)(kc_max * nr) * sizeof(float);
     float *a_panel = aligned_alloc(64, (a_bytes + 63) / 64 * 64);
     float *sliver = aligned_alloc(64, (b_bytes + 63) / 64 * 64);
-    if (!a_panel || !sliver) {
+    /* a binary16 grid's blocks of a k block, widened for ukernel_pack and pack */
+    const size_t s_bytes = job->scales && job->scales->s16
+                               ? (size_t)(2 * scale_blocks(job, kc_max) * nr) * sizeof(float)
+                               : 0;
+    float *scale_buf = s_bytes ? aligned_alloc(64, (s_bytes + 63) / 64 * 64) : NULL;
+    if (!a_panel || !sliver || (s_bytes && !scale_buf)) {
         free(a_panel);
         free(sliver);
+        free(scale_buf);
         return NM_ENOMEM;
     }
     if (sliver_outer) {
@@ -334,7 +384,7 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                 /* no next block to prefetch: the sliver's next k block follows in the same
                  * stream, for the hardware's prefetch to follow */
                 sliver_block(job, pc, pe - pc, jr, w, a_panel + pc * mc_pad, mc_max, c_block,
-                             sliver, c_after, -1, 0);
+                             sliver, scale_buf, c_after, -1, 0);
             }
         }
     } else {
@@ -348,13 +398,15 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                 for (int64_t jr = j_begin; jr < j_end; jr += nr) {
                     const float *c_after = jr + nr < j_end ? c_block + jr + nr : NULL;
                     sliver_block(job, pc, kc, jr, min64(nr, j_end - jr), a_panel, mc, c_block,
-                                 sliver, c_after, jr + nr < j_end ? pc : -1, jr + nr);
+                                 sliver, scale_buf, c_after, jr + nr < j_end ? pc : -1,
+                                 jr + nr);
                 }
             }
         }
     }
     free(a_panel);
     free(sliver);
+    free(scale_buf);
     return NM_OK;
 }
 
@@ -407,6 +459,15 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                                       short_slivers
                                   ? NM_GEMV_PREFETCH_AHEAD * job->scales->bk
                                   : 0;
+        /* a binary16 grid's block, widened for the row-major gemvs (the packed ones read it
+         * as it is) */
+        const int widen = job->scales && job->scales->s16 && !job->packed;
+        const size_t s_bytes = (size_t)(2 * chunk) * sizeof(float);
+        float *scale_buf = widen ? aligned_alloc(64, (s_bytes + 63) / 64 * 64) : NULL;
+        if (widen && !scale_buf) {
+            atomic_store(&job->failed, 1);
+            return;
+        }
         for (int64_t jc = j0; jc < j1; jc += chunk) {
             const int64_t w = min64(chunk, j1 - jc);
             float *c = job->c + i0 * job->ldc + jc;
@@ -423,9 +484,21 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                 }
                 int64_t ldb;
                 const uint8_t *b = weights_at(job, p0, jc, &ldb);
-                const float *s = scales_at(job, p0, jc), *o = offsets_at(job, p0, jc);
                 const int64_t bk = whole_k && job->scales ? job->scales->bk : p1 - p0;
                 const int64_t lds = whole_k && job->scales ? job->scales->ld : 0;
+                if (job->packed && job->scales && job->scales->s16) {
+                    const uint16_t *s = grid_at(job, 0, p0, jc), *o = grid_at(job, 1, p0, jc);
+                    if (rows == 1)
+                        isa->gemv_packed_half[job->fmt](p1 - p0, job->k, w, a + p0, b, c, s, o,
+                                                        bk, lds);
+                    else
+                        isa->gemv2_packed_half[job->fmt](p1 - p0, job->k, w, a + p0, job->lda,
+                                                         b, c, job->ldc, s, o, bk, lds);
+                    continue;
+                }
+                const float *s, *o;
+                int64_t unused_lds;
+                float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &unused_lds);
                 if (rows == 1 && job->packed)
                     isa->gemv_packed[slot](p1 - p0, job->k, w, a + p0, b, c, s, o, bk, lds);
                 else if (rows == 1)
@@ -437,6 +510,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                     isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
             }
         }
+        free(scale_buf);
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
     }
@@ -486,9 +560,18 @@ static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int
     if (bias && accumulate) return NM_EINVAL; /* a chain starts from one value */
     /* a scaled format needs its scales, and only it takes them */
     if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
-    if (scales && (scales->bk <= 0 || scales->ld < n || !scales->s)) return NM_EINVAL;
+    if (scales && (scales->bk <= 0 || scales->ld < n)) return NM_EINVAL;
+    /* one grid: float32 (s, o), or binary16 (s16, o16) for a format that takes it, on a row
+     * with its binary16 gemvs */
+    if (scales && (!scales->s == !scales->s16 || (scales->s16 && scales->o) ||
+                   (scales->s && scales->o16)))
+        return NM_EINVAL;
+    if (scales && scales->s16 && (!nm_format_table[fmt].half_scales ||
+                                  !isa->gemv_packed_half[fmt] || !isa->gemv2_packed_half[fmt]))
+        return NM_EINVAL;
     /* offsets exactly for the formats that have them */
-    if (scales && (nm_format_table[fmt].offset != 0) != (scales->o != NULL)) return NM_EINVAL;
+    if (scales && (nm_format_table[fmt].offset != 0) != (scales->o || scales->o16))
+        return NM_EINVAL;
     /* two rows a byte: whole bytes of k, and blocks of scales that end on one */
     const int64_t kpack = nm_format_table[fmt].kpack;
     if (k % kpack || (scales && scales->bk < k && scales->bk % kpack)) return NM_EINVAL;

@@ -25,6 +25,10 @@ typedef struct nm_scales {
     /* a format with offsets (nm_format_info.offset: Q4_1): o[(p / bk) * ld + j], the same
      * grid as s, added once: weight (p, j) = fma(raw(B[p][j]), s, o). NULL for the others */
     const float *o;
+    /* The same grids as binary16 (a format with nm_format_info.half_scales, whose values all
+     * are binary16 numbers: GGUF's d and m), then s and o are NULL: the same layout, half the
+     * bytes for the m <= 2 walks to stream, each value widened exactly where it is read. */
+    const uint16_t *s16, *o16;
 } nm_scales;
 
 /* C[m x n] (+)= A[m x k] @ W[k x n] under the fma-chain contract, W = decode(B) (times the

@@ -27,6 +27,8 @@ typedef struct nm_format_info {
                        * whose byte (r, j) holds rows 2r (low nibble) and 2r + 1 (high) of
                        * column j; k and the scales' blocks are then multiples of it */
     int offset;       /* the weights also carry offsets (nm_scales.o): Q4_1 */
+    int half_scales;  /* the scales (and offsets) may come as binary16 grids (nm_scales.s16):
+                       * GGUF's Q4_0 and Q4_1, whose d and m are binary16 in the file */
 } nm_format_info;
 
 extern const nm_format_info nm_format_table[NM_FMT_COUNT];

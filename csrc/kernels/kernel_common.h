@@ -566,10 +566,11 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  * step by lds every bk rows, as in NM_GEMV_PACKED_SLIVERS_); then single slivers; the last,
  * narrower than NRW, on a zero-padded scratch copy of its C (its padding codes are read:
  * zero bytes, with the padded scales and offsets; their results are dropped). */
-#define NM_NIBBLE_SLIVERS_(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ)  \
+#define NM_NIBBLE_SLIVERS_(NAME, ST, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES,  \
+                           DEQ)                                                              \
     static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
-                            const uint8_t *b, float *c, int64_t ldc, const float *s,        \
-                            const float *o, int64_t bk, int64_t lds) {                       \
+                            const uint8_t *b, float *c, int64_t ldc, const ST *s,           \
+                            const ST *o, int64_t bk, int64_t lds) {                          \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t sliver_ = ks / 2 * (NRW);                                              \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
@@ -621,25 +622,27 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         }                                                                                    \
     } while (0)
 
-#define NM_DEFINE_NIBBLE_PACKED_GEMVS(FMT, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA, \
-                                      NIBBLES, DEQ)                                          \
-    NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_group_, 1, G, VEC, L, NRW, SET1, LOADC,   \
+/* FMT's packed gemvs on scales of type ST (float; uint16_t, binary16, for FMT##_half), each
+ * scale read through DEQ. */
+#define NM_DEFINE_NIBBLE_PACKED_GEMVS(FMT, ISA, ST, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,   \
+                                      FMA, NIBBLES, DEQ)                                     \
+    NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_group_, ST, 1, G, VEC, L, NRW, SET1, LOADC, \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
-    NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_one_, 1, 1, VEC, L, NRW, SET1, LOADC,     \
+    NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_one_, ST, 1, 1, VEC, L, NRW, SET1, LOADC,   \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
-    NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_group_, 2, G2, VEC, L, NRW, SET1, LOADC, \
-                       STOREC, FMA, NIBBLES, DEQ)                                            \
-    NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_one_, 2, 1, VEC, L, NRW, SET1, LOADC,    \
+    NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_group_, ST, 2, G2, VEC, L, NRW, SET1,      \
+                       LOADC, STOREC, FMA, NIBBLES, DEQ)                                     \
+    NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_one_, ST, 2, 1, VEC, L, NRW, SET1, LOADC,  \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
     static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
-                                          const uint8_t *b, float *c, const float *s,       \
-                                          const float *o, int64_t bk, int64_t lds) {         \
+                                          const uint8_t *b, float *c, const ST *s,          \
+                                          const ST *o, int64_t bk, int64_t lds) {            \
         NM_NIBBLE_PACKED_WALK_(gemv_packed_##FMT##_##ISA, 1, G, NRW, k, ks, n, a, 0, b, c, 0, \
                                s, o, bk, lds);                                               \
     }                                                                                        \
     static void gemv2_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
                                            int64_t lda, const uint8_t *b, float *c,         \
-                                           int64_t ldc, const float *s, const float *o,     \
+                                           int64_t ldc, const ST *s, const ST *o,           \
                                            int64_t bk, int64_t lds) {                        \
         NM_NIBBLE_PACKED_WALK_(gemv2_packed_##FMT##_##ISA, 2, G2, NRW, k, ks, n, a, lda, b, c, \
                                ldc, s, o, bk, lds);                                          \
@@ -679,23 +682,32 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         }                                                                                    \
     }
 
-/* The single-code dequantizations, shared by every row (the vector ones are the row's). */
+/* The single-code dequantizations, shared by every row (the vector ones are the row's); the
+ * H ones read binary16 scales (nm_scales.s16), widened exactly: the same weights. */
 #define NM_DEQ1_Q4_0(q, sp, op) (((q) - 8.0f) * *(sp))
 #define NM_DEQ1_Q4_1(q, sp, op) fmaf((q), *(sp), *(op))
+#define NM_DEQ1H_Q4_0(q, sp, op) (((q) - 8.0f) * nm_fp16_to_f32(*(sp)))
+#define NM_DEQ1H_Q4_1(q, sp, op) fmaf((q), nm_fp16_to_f32(*(sp)), nm_fp16_to_f32(*(op)))
 
 /* The slots of both 4-bit formats on a row but the first tile (ukernel_pack, which the row
  * defines, fused or NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS): the gemvs, the packed gemvs
- * and packing; each format with its NIBBLES and DEQ pair. */
+ * and packing; each format with its NIBBLES and DEQ pair, and DEQH, its DEQ on binary16
+ * scales (nm_scales.s16) for the packed gemvs. */
 #define NM_DEFINE_NIBBLE_FORMATS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,          \
-                                 NIBBLES_Q4_0, DEQ_Q4_0, NIBBLES_Q4_1, DEQ_Q4_1)             \
+                                 NIBBLES_Q4_0, DEQ_Q4_0, DEQH_Q4_0, NIBBLES_Q4_1, DEQ_Q4_1,  \
+                                 DEQH_Q4_1)                                                  \
     NM_DEFINE_NIBBLE_GEMVS(q4_0, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_0,         \
                            DEQ_Q4_0, NM_DEQ1_Q4_0)                                           \
     NM_DEFINE_NIBBLE_GEMVS(q4_1, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_1,         \
                            DEQ_Q4_1, NM_DEQ1_Q4_1)                                           \
-    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,    \
-                                  NIBBLES_Q4_0, DEQ_Q4_0)                                    \
-    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1, ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,    \
-                                  NIBBLES_Q4_1, DEQ_Q4_1)                                    \
+    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0, ISA, float, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,  \
+                                  FMA, NIBBLES_Q4_0, DEQ_Q4_0)                               \
+    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1, ISA, float, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,  \
+                                  FMA, NIBBLES_Q4_1, DEQ_Q4_1)                               \
+    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0_half, ISA, uint16_t, VEC, L, NRW, G, G2, SET1, LOADC,  \
+                                  STOREC, FMA, NIBBLES_Q4_0, DEQH_Q4_0)                      \
+    NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1_half, ISA, uint16_t, VEC, L, NRW, G, G2, SET1, LOADC,  \
+                                  STOREC, FMA, NIBBLES_Q4_1, DEQH_Q4_1)                      \
     NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, STOREC, NIBBLES_Q4_0, DEQ_Q4_0, NM_DEQ1_Q4_0)    \
     NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1)
 

@@ -92,6 +92,19 @@ typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float
                                    int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                                    const float *s, const float *o, int64_t bk, int64_t lds);
 
+/* The packed gemvs of a format whose scales (and offsets) may be binary16 grids
+ * (nm_format_info.half_scales, nm_scales.s16): the same walk, the same chains, each scale
+ * read as a binary16 and widened exactly. At m <= 2 the walk streams its blocks' scales with
+ * its codes, and a float32 grid is a fifth (Q4_0) or a third (Q4_1) of the bytes a weight
+ * costs; the other slots take float32 scales, which the frame widens for them. */
+typedef void (*nm_gemv_packed_half_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
+                                       const uint8_t *b, float *c, const uint16_t *s,
+                                       const uint16_t *o, int64_t bk, int64_t lds);
+typedef void (*nm_gemv2_packed_half_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
+                                        int64_t lda, const uint8_t *b, float *c, int64_t ldc,
+                                        const uint16_t *s, const uint16_t *o, int64_t bk,
+                                        int64_t lds);
+
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
@@ -157,6 +170,11 @@ typedef struct nm_isa_kernels {
     const char *gemv_packed_name[NM_MATMUL_SLOTS];
     nm_gemv2_packed_fn gemv2_packed[NM_MATMUL_SLOTS];
     const char *gemv2_packed_name[NM_MATMUL_SLOTS];
+    /* the formats with half_scales only; NULL for the others */
+    nm_gemv_packed_half_fn gemv_packed_half[NM_FMT_COUNT];
+    const char *gemv_packed_half_name[NM_FMT_COUNT];
+    nm_gemv2_packed_half_fn gemv2_packed_half[NM_FMT_COUNT];
+    const char *gemv2_packed_half_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_MATMUL_SLOTS];
     const char *pack_name[NM_MATMUL_SLOTS];
     nm_ukernel_fn ukernel;
@@ -197,6 +215,13 @@ typedef struct nm_isa_kernels {
      NM_SET_SLOT(row, slot, NM_FMT_Q8_0, slot##_q8_0_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_Q4_0, slot##_q4_0_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_Q4_1, slot##_q4_1_##isa))
+
+/* The binary16-scale packed gemvs of the 4-bit formats, named <slot>_<format>_half_<isa>. */
+#define NM_SET_HALF_SCALE_SLOTS(row, isa)                                                    \
+    (NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_0, gemv_packed_q4_0_half_##isa),           \
+     NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_1, gemv_packed_q4_1_half_##isa),           \
+     NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_0, gemv2_packed_q4_0_half_##isa),         \
+     NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_1, gemv2_packed_q4_1_half_##isa))
 
 /* The finite-weights slots (NM_SLOT_*_FINITE) from <slot>_<format>_finite_<isa>. */
 #define NM_SET_FINITE_SLOTS(row, slot, isa)                                                  \

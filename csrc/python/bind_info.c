@@ -137,6 +137,12 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
         return Py_BuildValue("[sssss]", r->gemv_packed_name[fmt], r->gemv2_packed_name[fmt],
                              r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
     }
+    /* the packed gemvs on binary16 scales of a format with half_scales (nm_kernels.h) */
+    if (strcmp(op, "matmul_packed_half") == 0) {
+        if (!r->gemv_packed_half[fmt] || !r->gemv2_packed_half[fmt]) return PyList_New(0);
+        return Py_BuildValue("[ss]", r->gemv_packed_half_name[fmt],
+                             r->gemv2_packed_half_name[fmt]);
+    }
     if (strcmp(op, "encode") == 0) {
         if (r->encode8[fmt]) return Py_BuildValue("[s]", r->encode8_name[fmt]);
         return r->encode[fmt] ? Py_BuildValue("[s]", r->encode_name[fmt]) : PyList_New(0);
@@ -302,10 +308,10 @@ PyObject *py_formats(PyObject *self, PyObject *noargs) {
     PyObject *list = PyList_New(NM_FMT_COUNT);
     if (!list) return NULL;
     for (int i = 0; i < NM_FMT_COUNT; ++i) {
-        PyObject *t = Py_BuildValue("(isiiiii)", i, nm_format_table[i].name,
+        PyObject *t = Py_BuildValue("(isiiiiii)", i, nm_format_table[i].name,
                                     nm_format_table[i].itemsize, nm_format_table[i].scaled,
                                     nm_format_table[i].scale_exponent, nm_format_table[i].kpack,
-                                    nm_format_table[i].offset);
+                                    nm_format_table[i].offset, nm_format_table[i].half_scales);
         if (!t) {
             Py_DECREF(list);
             return NULL;

@@ -81,8 +81,10 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
         nm_scales chunk_scales, *cs = NULL;
         if (scales) { /* the scales (and offsets) of the chunk's columns */
             chunk_scales = *scales;
-            chunk_scales.s += j0;
+            if (chunk_scales.s) chunk_scales.s += j0;
             if (chunk_scales.o) chunk_scales.o += j0;
+            if (chunk_scales.s16) chunk_scales.s16 += j0;
+            if (chunk_scales.o16) chunk_scales.o16 += j0;
             cs = &chunk_scales;
         }
         const float *cb = bias ? bias + j0 : NULL; /* the chunk's columns of the bias */
@@ -122,8 +124,9 @@ const char *weights_accept(int fmt) {
  * (ceil(k / bk), ld) C-contiguous float32 array with ld >= min_ld in the kernels' form, bk
  * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). A format
  * with offsets (Q4_1) has them below the scales, as many rows: its array is twice as tall
- * and its lower half is the offsets. On success *have says whether `sc` was filled (and `view`
- * must be released). */
+ * and its lower half is the offsets. A format with half_scales (Q4_0, Q4_1) may give a
+ * float16 array instead (nm_scales.s16). On success *have says whether `sc` was filled (and
+ * `view` must be released). */
 int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
                int64_t min_ld, Py_buffer *view, nm_scales *sc, int *have) {
     *have = 0;
@@ -147,9 +150,19 @@ int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
         return -1;
     }
     const int64_t blocks = k == 0 ? 0 : (k + bk - 1) / bk;
-    if (view->ndim != 2 || view->itemsize != 4 || !format_ok(view->format, "f") ||
-        ((uintptr_t)view->buf % sizeof(float))) {
-        PyErr_SetString(PyExc_TypeError, "scales must be a 2-D aligned float32 array");
+    const int half = view->itemsize == 2 && format_ok(view->format, "e");
+    if (half && !nm_format_table[fmt].half_scales) {
+        PyErr_Format(PyExc_TypeError, "format '%s' takes float32 scales, not float16",
+                     nm_format_table[fmt].name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->ndim != 2 || (!half && (view->itemsize != 4 || !format_ok(view->format, "f"))) ||
+        ((uintptr_t)view->buf % view->itemsize)) {
+        PyErr_SetString(PyExc_TypeError, nm_format_table[fmt].half_scales
+                                             ? "scales must be a 2-D aligned float32 or "
+                                               "float16 array"
+                                             : "scales must be a 2-D aligned float32 array");
         PyBuffer_Release(view);
         return -1;
     }
@@ -163,11 +176,15 @@ int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
         PyBuffer_Release(view);
         return -1;
     }
-    sc->s = (const float *)view->buf;
-    sc->ld = view->shape[1];
-    sc->bk = bk;
-    sc->finite = finite;
-    sc->o = grids == 2 ? sc->s + view->shape[0] / 2 * sc->ld : NULL; /* the lower half */
+    *sc = (nm_scales){.ld = view->shape[1], .bk = bk, .finite = finite};
+    const int64_t lower = view->shape[0] / 2 * sc->ld; /* the offsets: the lower half */
+    if (half) {
+        sc->s16 = (const uint16_t *)view->buf;
+        sc->o16 = grids == 2 ? sc->s16 + lower : NULL;
+    } else {
+        sc->s = (const float *)view->buf;
+        sc->o = grids == 2 ? sc->s + lower : NULL;
+    }
     *have = 1;
     return 0;
 }

@@ -14,6 +14,7 @@
 
 #include "../frame/threads.h"
 #include "../include/narrowmm.h"
+#include "../codecs/codec_scalar.h" /* binary16 scales for the half-grid cases */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h> /* _mm_getcsr: the denormal-operand flag */
@@ -185,7 +186,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
             for (int64_t j = 0; j < N; ++j)
                 for (int p = 0; p < K; ++p)
                     bpk[((j / nr) * K + p) * nr + j % nr] = b[1 + p * N + j];
-            const nm_scales scl = {sc, ld, K, finite, NULL};
+            const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite};
             static const int64_t ms[] = {1, 2, 5};
             for (int packed = 0; packed < 2; ++packed)
                 for (size_t mi = 0; mi < 3; ++mi) {
@@ -209,16 +210,21 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
 /* The 4-bit formats: each of the 256 bytes (two codes) in every column position of one
  * stored row (k = 2) under 4 scales, with an offset per column for Q4_1, so each output is
  * fma(1, w_hi, fma(1, w_lo, 0)); the gemvs (m = 1, 2), the tiles (m = 5) and the packed
- * layout each checked against it, and (x86) no subnormal operand on the way. */
+ * layout each checked against it, and (x86) no subnormal operand on the way. Then again on
+ * binary16 grids (nm_scales.s16: the packed gemvs' own, widened by the frame for the others)
+ * of binary16 scales and offsets, a subnormal binary16 among them. */
 static void test_sweep_nibbles(const nm_isa_kernels *row) {
     enum { N = 1024, K = 2 };
-    static const float scales[4] = {1.0f, 0.0078125f, -3.3f, 0x1p-60f};
+    static const float scales[2][4] = {{1.0f, 0.0078125f, -3.3f, 0x1p-60f},
+                                       {1.0f, 0.0078125f, -3.296875f, 0x1p-24f}};
     const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr;
     uint8_t *b = xmalloc(N + 1), *bpk = xmalloc((size_t)ld);
     float *sc = xmalloc((size_t)ld * 4), *off = xmalloc((size_t)ld * 4), *want = xmalloc(N * 4);
+    uint16_t *sc16 = xmalloc((size_t)ld * 2), *off16 = xmalloc((size_t)ld * 2);
     float *c = xmalloc(5 * N * 4);
     const float a[5 * K] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    for (int fmt = NM_FMT_Q4_0; fmt <= NM_FMT_Q4_1; ++fmt) {
+    for (int fmt = NM_FMT_Q4_0; fmt <= NM_FMT_Q4_1; ++fmt)
+    for (int half = 0; half < 2; ++half) {
         const int with_offsets = nm_format_table[fmt].offset;
         memset(bpk, 0, (size_t)ld);
         for (int64_t j = 0; j < ld; ++j) sc[j] = 1.0f, off[j] = 0.0f;
@@ -226,14 +232,19 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
             const unsigned q = (unsigned)j & 255u;
             b[1 + j] = (uint8_t)q;
             bpk[(j / nr) * nr + j % nr] = (uint8_t)q; /* k = 2: one stored row a sliver */
-            sc[j] = scales[j / 256];
+            sc[j] = scales[half][j / 256];
             off[j] = with_offsets ? 0.25f * (float)(j % 7) - 0.5f : 0.0f;
             const float lo = (float)(q & 15u), hi = (float)(q >> 4);
             const float wl = with_offsets ? fmaf(lo, sc[j], off[j]) : (lo - 8.0f) * sc[j];
             const float wh = with_offsets ? fmaf(hi, sc[j], off[j]) : (hi - 8.0f) * sc[j];
             want[j] = fmaf(1.0f, wh, fmaf(1.0f, wl, 0.0f));
         }
-        const nm_scales scl = {sc, ld, K, 1, with_offsets ? off : NULL};
+        for (int64_t j = 0; j < ld; ++j) /* exact: every value above is a binary16 */
+            sc16[j] = nm_f32_to_fp16(sc[j]), off16[j] = nm_f32_to_fp16(off[j]);
+        const nm_scales scl = half ? (nm_scales){.s16 = sc16, .ld = ld, .bk = K, .finite = 1,
+                                                 .o16 = with_offsets ? off16 : NULL}
+                                   : (nm_scales){.s = sc, .ld = ld, .bk = K, .finite = 1,
+                                                 .o = with_offsets ? off : NULL};
         static const int64_t ms[] = {1, 2, 5};
         for (int packed = 0; packed < 2; ++packed)
             for (size_t mi = 0; mi < 3; ++mi) {
@@ -252,21 +263,37 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
                 for (int64_t i = 0; i < m; ++i)
                     for (int j = 0; j < N; ++j) bad += !same(c[i * N + j], want[j]);
                 expect(st == NM_OK && bad == 0 && !denormal,
-                       "%s %s: nibble sweep m=%lld packed=%d: %ld differ%s", row->isa,
-                       nm_format_table[fmt].name, (long long)m, packed, bad,
+                       "%s %s: nibble sweep m=%lld packed=%d binary16 scales=%d: %ld differ%s",
+                       row->isa, nm_format_table[fmt].name, (long long)m, packed, half, bad,
                        denormal ? ", a subnormal operand on the way" : "");
             }
-        /* odd k, odd blocks of scales and missing offsets are refused */
-        const nm_scales odd = {sc, ld, 1, 1, with_offsets ? off : NULL};
-        const nm_scales no_off = {sc, ld, K, 1, with_offsets ? NULL : off};
+        /* odd k, odd blocks of scales, missing offsets and mixed grids are refused */
+        const nm_scales odd = {.s = sc, .ld = ld, .bk = 1, .finite = 1,
+                               .o = with_offsets ? off : NULL};
+        const nm_scales no_off = {.s = sc, .ld = ld, .bk = K, .finite = 1,
+                                  .o = with_offsets ? NULL : off};
+        const nm_scales mixed = {.s = sc, .ld = ld, .bk = K, .finite = 1, .o16 = off16};
+        const nm_scales both = {.s = sc, .s16 = sc16, .ld = ld, .bk = K, .finite = 1,
+                                .o = with_offsets ? off : NULL};
         expect(nm_matmul(row, fmt, 1, N, 1, a, K, b + 1, N, c, N, 0, NULL, &scl) == NM_EINVAL &&
                    nm_matmul(row, fmt, 1, N, 4, a, K, b + 1, N, c, N, 0, NULL, &odd) == NM_EINVAL &&
                    nm_matmul(row, fmt, 1, N, K, a, K, b + 1, N, c, N, 0, NULL, &no_off) ==
+                       NM_EINVAL &&
+                   nm_matmul(row, fmt, 1, N, K, a, K, b + 1, N, c, N, 0, NULL, &mixed) ==
+                       NM_EINVAL &&
+                   nm_matmul(row, fmt, 1, N, K, a, K, b + 1, N, c, N, 0, NULL, &both) ==
                        NM_EINVAL,
-               "%s %s: odd k, odd blocks or wrong offsets accepted", row->isa,
+               "%s %s: odd k, odd blocks, wrong offsets or mixed grids accepted", row->isa,
                nm_format_table[fmt].name);
     }
-    free(b), free(bpk), free(sc), free(off), free(want), free(c);
+    /* binary16 grids only for the formats with half_scales */
+    {
+        const nm_scales q8 = {.s16 = sc16, .ld = ld, .bk = K, .finite = 1};
+        expect(nm_matmul(row, NM_FMT_Q8_0, 1, N, K, a, K, b + 1, N, c, N, 0, NULL, &q8) ==
+                   NM_EINVAL,
+               "%s q8_0: a binary16 grid accepted", row->isa);
+    }
+    free(b), free(bpk), free(sc), free(off), free(sc16), free(off16), free(want), free(c);
 }
 
 static void test_sweep(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
@@ -341,7 +368,7 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
         const float a[5 * K] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
         static const int64_t ms[] = {1, 2, 5};
         for (int finite = 0; finite <= scaled; ++finite) {
-            const nm_scales scl = {sc, ld, K, finite, NULL};
+            const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite};
             for (int packed = 0; packed < 2; ++packed)
                 for (size_t mi = 0; mi < 3; ++mi) {
                     const int64_t m = ms[mi];
@@ -395,8 +422,20 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     for (int64_t i = 0; i < nblocks * sld; ++i) sv[i] = 0x1p100f * (1.0f + next_float());
     float *ov = xmalloc((size_t)(nblocks * sld) * 4); /* offsets, for a format with them */
     for (int64_t i = 0; i < nblocks * sld; ++i) ov[i] = 0x1p100f * next_float();
-    nm_scales scl = {sv, sld, bk, 0, nm_format_table[fmt].offset ? ov : NULL};
+    /* half the cases of a format with half_scales give the row under test binary16 grids
+     * (nm_scales.s16) of binary16 values, the scalar reference the same values as float32 */
+    const int half = nm_format_table[fmt].half_scales && (next_u64() & 1);
+    uint16_t *sv16 = xmalloc((size_t)(nblocks * sld) * 2);
+    uint16_t *ov16 = xmalloc((size_t)(nblocks * sld) * 2);
+    for (int64_t i = 0; half && i < nblocks * sld; ++i) {
+        sv16[i] = nm_f32_to_fp16(0x1p-10f * sv[i] * 0x1p-100f), sv[i] = nm_fp16_to_f32(sv16[i]);
+        ov16[i] = nm_f32_to_fp16(0x1p-10f * ov[i] * 0x1p-100f), ov[i] = nm_fp16_to_f32(ov16[i]);
+    }
+    nm_scales scl = {.s = sv, .ld = sld, .bk = bk, .o = nm_format_table[fmt].offset ? ov : NULL};
+    nm_scales scl16 = {.s16 = sv16, .ld = sld, .bk = bk,
+                       .o16 = nm_format_table[fmt].offset ? ov16 : NULL};
     const nm_scales *scales = nm_format_table[fmt].scaled ? &scl : NULL;
+    const nm_scales *tested = half ? &scl16 : scales;
     const int64_t lda = k + 3, ldb = (n + 5) * itemsize + 1, ldc = n + 4;
     float *a = xmalloc((size_t)(m * lda + 1) * 4);
     uint8_t *braw = xmalloc((size_t)(k * ldb + 2));
@@ -438,7 +477,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
         int finite = 1;
         for (int64_t p = 0; p < k && special; ++p)
             for (int64_t j = 0; j < n; ++j) finite &= (b[p * ldb + j] & special) != special;
-        scl.finite = finite;
+        scl.finite = scl16.finite = finite;
     }
     /* the same weights in this row's packed layout: NR-column slivers of k contiguous rows,
      * in a buffer of exactly that size (the sanitizers see any read past it) */
@@ -456,9 +495,9 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
                        NULL, scales);
     nm_set_num_threads(threads);
     int s2 = nm_matmul(row, fmt, m, n, k, a, lda, b, ldb, c_got + ldc, ldc, accumulate, bias,
-                       scales);
+                       tested);
     int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate, bias,
-                              scales);
+                              tested);
     long bad = 0, guard = 0, bad_pk = 0, guard_pk = 0;
     for (int64_t r = 0; r < m + 2; ++r) {
         for (int64_t j = 0; j < ldc; ++j) {
@@ -475,12 +514,13 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     }
     expect(s1 == NM_OK && s2 == NM_OK && s3 == NM_OK && bad == 0 && guard == 0 && bad_pk == 0 &&
                guard_pk == 0,
-           "%s %s m=%lld n=%lld k=%lld start=%d threads=%d bk=%lld finite=%d: %ld differ, %ld "
-           "guard cells written; packed weights: %ld differ, %ld guard cells written",
+           "%s %s m=%lld n=%lld k=%lld start=%d threads=%d bk=%lld finite=%d binary16 scales=%d: "
+           "%ld differ, %ld guard cells written; packed weights: %ld differ, %ld guard cells "
+           "written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
-           start, threads, (long long)bk, scl.finite, bad, guard, bad_pk, guard_pk);
+           start, threads, (long long)bk, scl.finite, half, bad, guard, bad_pk, guard_pk);
     free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv), free(ov),
-        free(bias);
+        free(sv16), free(ov16), free(bias);
 }
 
 static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {

@@ -44,6 +44,10 @@ class Format:
             low nibble row 2r, the high one row 2r + 1), so bits have ``k / 2`` rows.
         offsets: the weights also carry offsets, a second grid of the scales' shape:
             weight = fma(decode(q), scale, offset) (Q4_1).
+        half_scales: the native kernels take the scales (and offsets) as a binary16 grid
+            when every one of them is a binary16 number, as GGUF's are (Q4_0, Q4_1): the
+            same weights, half the grid's bytes for the m <= 2 walks to read
+            (``Weights.kernel_scales``).
     """
 
     name: str
@@ -64,6 +68,7 @@ class Format:
     gguf_block: int = 0
     kpack: int = 1
     offsets: bool = False
+    half_scales: bool = False
 
     @property
     def max_scale(self) -> float:
@@ -100,11 +105,11 @@ FORMATS: dict[str, Format] = {
         Format("q4_0", 6, 1, np.dtype(np.uint8), 0, 4, (),
                "GGUF Q4_0: 4-bit codes, two rows a byte, (q - 8) times a scale per 32 inputs",
                scaled=True, max_finite=7.0, integer=True, min_code=-8.0, code_bias=8.5,
-               gguf_block=32, kpack=2),
+               gguf_block=32, kpack=2, half_scales=True),
         Format("q4_1", 7, 1, np.dtype(np.uint8), 0, 4, (),
                "GGUF Q4_1: 4-bit codes, two rows a byte, q times a scale plus an offset per "
                "32 inputs", scaled=True, max_finite=15.0, integer=True, min_code=0.0,
-               code_bias=0.5, gguf_block=32, kpack=2, offsets=True),
+               code_bias=0.5, gguf_block=32, kpack=2, offsets=True, half_scales=True),
     )
 }
 

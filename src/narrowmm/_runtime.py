@@ -51,6 +51,9 @@ def runtime_info() -> dict[str, Any]:
                 entry["finite_kernel"] = describe_kernels(
                     op, native.kernel_names("matmul_finite", fmt),
                     native.kernel_names("matmul_packed_finite", fmt) or None)
+            half = native.kernel_names("matmul_packed_half", fmt) if op == "matmul" else []
+            if len(half) == 2:  # packed weights whose scales are binary16 (Format.half_scales)
+                entry["half_scale_kernel"] = f"{half[0]} (m=1); {half[1]} (m=2)"
         kernels.append({**entry, "kernel": name})
     return {
         "version": __version__,
@@ -126,5 +129,8 @@ def show_runtime(as_json: bool = False) -> None:
             if "finite_kernel" in k:
                 print(f"  {'':<6} {'':<6} {'':<9} weights without NaN/Inf codes: "
                       f"{k['finite_kernel']}")
+            if "half_scale_kernel" in k:
+                print(f"  {'':<6} {'':<6} {'':<9} packed, binary16 scales: "
+                      f"{k['half_scale_kernel']}")
     ops = ", ".join(f"{op} {name}" for op, name in info["model_ops"].items())
     print(f"model ops: {ops or 'unavailable (no C core)'}")

@@ -92,9 +92,18 @@ def expand_pairs(values: np.ndarray, axis: int) -> np.ndarray:
     return values.reshape(rows, cols * pair)  # (out, in/2, 2) -> (out, in)
 
 
+def half_grid(grid: np.ndarray) -> np.ndarray:
+    """``grid`` (float32) as float16 if every value is a binary16 number, else itself."""
+    with np.errstate(over="ignore"):  # a value past binary16's range stays float32
+        half = grid.astype(np.float16)
+    return half if np.array_equal(half.astype(np.float32), grid) else grid
+
+
 class _KernelScales:
     """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
-    once per row width, and whether the weights hold no NaN/Inf code (looked at once)."""
+    once per row width, and whether the weights hold no NaN/Inf code (looked at once). The
+    grid is float16 for a format with ``half_scales`` whose every scale and offset is a
+    binary16 number (GGUF's are), else float32: the same values either way."""
 
     __slots__ = ("_by_ld", "_finite")
 
@@ -111,6 +120,8 @@ class _KernelScales:
                 ogrid, _ = offsets.expanded(shape, ld)
                 ogrid[:, shape[1]:] = 0.0
                 grid = np.ascontiguousarray(np.concatenate([grid, ogrid]))
+            if fmt.half_scales:
+                grid = half_grid(grid)
             self._by_ld[ld] = grid, bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
             special = np.uint8(fmt.special_bits)
@@ -160,8 +171,10 @@ class _ScaledMatrix:
 
     def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
         """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
-        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent``, and
-        whether no weight is a NaN/Inf code. Made once per ``ld``; None without scales."""
+        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent`` (float16
+        for a format with ``half_scales`` when every value is a binary16 number, else
+        float32; offsets below the scales), and whether no weight is a NaN/Inf code. Made
+        once per ``ld``; None without scales."""
         if self.scales is None:
             return None
         return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld,

@@ -68,6 +68,7 @@ typedef struct emu_job {
     void *c;           /* matmul: out; decode: floats; encode: 16-bit patterns */
     const float *s;    /* matmul of a scaled format: the kernels' scales (nm_scales), or 0 */
     int64_t s_ld, s_bk, s_finite;
+    int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; Q4_0, Q4_1) */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -80,8 +81,14 @@ void nm_emu_main(emu_job *job) {
     const int64_t blocks = job->s_bk > 0 && job->k > 0 ? (job->k + job->s_bk - 1) / job->s_bk : 1;
     const int with_offsets = job->fmt >= 0 && job->fmt < NM_FMT_COUNT &&
                              nm_format_table[job->fmt].offset;
-    const nm_scales scales = {job->s, job->s_ld, job->s_bk, (int)job->s_finite,
-                              job->s && with_offsets ? job->s + blocks * job->s_ld : 0};
+    const uint16_t *s16 = job->s_half ? (const uint16_t *)job->s : 0;
+    const nm_scales scales =
+        s16 ? (nm_scales){.s16 = s16, .ld = job->s_ld, .bk = job->s_bk,
+                          .finite = (int)job->s_finite,
+                          .o16 = with_offsets ? s16 + blocks * job->s_ld : 0}
+            : (nm_scales){.s = job->s, .ld = job->s_ld, .bk = job->s_bk,
+                          .finite = (int)job->s_finite,
+                          .o = job->s && with_offsets ? job->s + blocks * job->s_ld : 0};
     const nm_scales *sc = job->s ? &scales : 0;
     /* no bias here: the frame writes it (matmul_part), the same C on every row; the
      * scalar and avx2 rows test it in csrc/tests and tests/test_api.py */

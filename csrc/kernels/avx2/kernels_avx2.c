@@ -230,9 +230,14 @@ static inline void nibbles8(const uint8_t *p, __m256 *lo, __m256 *hi) {
 /* (q - 8) * d and fma(q, d, m): q - 8 is exact, and so is each product */
 #define DEQ8_Q4_0(q, sp, op) _mm256_mul_ps(_mm256_sub_ps(q, _mm256_set1_ps(8.0f)), _mm256_loadu_ps(sp))
 #define DEQ8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, _mm256_loadu_ps(sp), _mm256_loadu_ps(op))
+/* the same on binary16 scales and offsets (nm_scales.s16), widened exactly by F16C */
+#define LOAD8_HALF(sp) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp)))
+#define DEQH8_Q4_0(q, sp, op) _mm256_mul_ps(_mm256_sub_ps(q, _mm256_set1_ps(8.0f)), LOAD8_HALF(sp))
+#define DEQH8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, LOAD8_HALF(sp), LOAD8_HALF(op))
 /* packed: two 24-column slivers at a time for one row (6 accumulators), one for two */
 NM_DEFINE_NIBBLE_FORMATS(avx2, __m256, 8, NR, 2, 1, _mm256_set1_ps, _mm256_loadu_ps,
-                         _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, NIBBLES8, DEQ8_Q4_1)
+                         _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, DEQH8_Q4_0, NIBBLES8,
+                         DEQ8_Q4_1, DEQH8_Q4_1)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 
 /* ---- codecs ------------------------------------------------------------------------- */
@@ -319,6 +324,7 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     NM_SET_MATMUL_SLOTS(row, gemv2, avx2);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx2);
     NM_SET_MATMUL_SLOTS(row, gemv2_packed, avx2);
+    NM_SET_HALF_SCALE_SLOTS(row, avx2);
     NM_SET_MATMUL_SLOTS(row, pack, avx2);
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";

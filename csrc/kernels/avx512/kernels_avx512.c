@@ -217,10 +217,14 @@ static inline void nibbles16(const uint8_t *p, __m512 table, __m512 *lo, __m512 
 /* (q - 8) * d from the table's q - 8, and fma(q, d, m): each product exact */
 #define DEQ16_Q4_0(q8, sp, op) _mm512_mul_ps(q8, _mm512_loadu_ps(sp))
 #define DEQ16_Q4_1(q, sp, op) _mm512_fmadd_ps(q, _mm512_loadu_ps(sp), _mm512_loadu_ps(op))
+/* the same on binary16 scales and offsets (nm_scales.s16), widened exactly */
+#define LOAD16_HALF(sp) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp)))
+#define DEQH16_Q4_0(q8, sp, op) _mm512_mul_ps(q8, LOAD16_HALF(sp))
+#define DEQH16_Q4_1(q, sp, op) _mm512_fmadd_ps(q, LOAD16_HALF(sp), LOAD16_HALF(op))
 /* packed: four 32-column slivers at a time for one row (8 accumulators), two for two */
 NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_loadu_ps,
-                         _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0,
-                         NIBBLES16_Q4_1, DEQ16_Q4_1)
+                         _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0, DEQH16_Q4_0,
+                         NIBBLES16_Q4_1, DEQ16_Q4_1, DEQH16_Q4_1)
 
 /* The first tile of a 4-bit sliver through the blocks of scales of its k block (bk, lds),
  * decoding on the way: stored row r gives sliver rows 2r (low nibbles) and 2r + 1
@@ -334,6 +338,7 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     NM_SET_MATMUL_SLOTS(row, gemv2, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv2_packed, avx512);
+    NM_SET_HALF_SCALE_SLOTS(row, avx512);
     NM_SET_MATMUL_SLOTS(row, pack, avx512);
     row->ukernel = ukernel_8x32_avx512;
     row->ukernel_name = "ukernel_8x32_avx512";

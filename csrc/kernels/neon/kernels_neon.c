@@ -198,8 +198,13 @@ static inline void nibbles4(const uint8_t *p, float32x4_t *lo, float32x4_t *hi) 
 #define NIBBLES4(p, lo, hi) nibbles4((p), &(lo), &(hi))
 #define DEQ4_Q4_0(q, sp, op) vmulq_f32(vsubq_f32(q, vdupq_n_f32(8.0f)), vld1q_f32(sp))
 #define DEQ4_Q4_1(q, sp, op) vfmaq_f32(vld1q_f32(op), q, vld1q_f32(sp))
+/* the same on binary16 scales and offsets (nm_scales.s16), widened exactly */
+#define LOAD4_HALF(sp) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sp)))
+#define DEQH4_Q4_0(q, sp, op) vmulq_f32(vsubq_f32(q, vdupq_n_f32(8.0f)), LOAD4_HALF(sp))
+#define DEQH4_Q4_1(q, sp, op) vfmaq_f32(LOAD4_HALF(op), q, LOAD4_HALF(sp))
 NM_DEFINE_NIBBLE_FORMATS(neon, float32x4_t, 4, NR, 4, 2, vdupq_n_f32, vld1q_f32, vst1q_f32,
-                         vfmaq_f32, NIBBLES4, DEQ4_Q4_0, NIBBLES4, DEQ4_Q4_1)
+                         vfmaq_f32, NIBBLES4, DEQ4_Q4_0, DEQH4_Q4_0, NIBBLES4, DEQ4_Q4_1,
+                         DEQH4_Q4_1)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(neon, ukernel_8x8_neon, NR)
 
 /* ---- codecs ------------------------------------------------------------------------- */
@@ -255,6 +260,7 @@ NM_ROW_FILL void nm_fill_row_neon(nm_isa_kernels *row) {
     NM_SET_MATMUL_SLOTS(row, gemv2, neon);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, neon);
     NM_SET_MATMUL_SLOTS(row, gemv2_packed, neon);
+    NM_SET_HALF_SCALE_SLOTS(row, neon);
     NM_SET_MATMUL_SLOTS(row, pack, neon);
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";

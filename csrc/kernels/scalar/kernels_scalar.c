@@ -126,7 +126,8 @@ NM_DEFINE_ENCODE8_LOOP(encode_q8_0_scalar, nm_f32_to_q8_0)
 /* The 4-bit formats (kernel_common.h): one column at a time. */
 #define NIBBLES1(p, lo, hi) ((lo) = NM_NIBBLE_LO(*(p)), (hi) = NM_NIBBLE_HI(*(p)))
 NM_DEFINE_NIBBLE_FORMATS(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1, FMAF_ACC,
-                         NIBBLES1, NM_DEQ1_Q4_0, NIBBLES1, NM_DEQ1_Q4_1)
+                         NIBBLES1, NM_DEQ1_Q4_0, NM_DEQ1H_Q4_0, NIBBLES1, NM_DEQ1_Q4_1,
+                         NM_DEQ1H_Q4_1)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(scalar, ukernel_4x8_scalar, SCALAR_NR)
 
 /* their codecs: n bytes, 2n values, the low nibble first */
@@ -176,6 +177,7 @@ NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     NM_SET_MATMUL_SLOTS(row, gemv2, scalar);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, scalar); /* every row sets its own: the layout is NR */
     NM_SET_MATMUL_SLOTS(row, gemv2_packed, scalar);
+    NM_SET_HALF_SCALE_SLOTS(row, scalar);
     NM_SET_MATMUL_SLOTS(row, pack, scalar);
     row->ukernel = ukernel_4x8_scalar;
     row->ukernel_name = "ukernel_4x8_scalar";

@@ -31,6 +31,7 @@ def _plain_scales(scales: tuple[np.ndarray, int, bool], fmt: Format,
     """The Scales behind the kernels' form (one per column per block of rows, times 2^r),
     and the offsets a format with offsets keeps below them (Weights.kernel_scales)."""
     grid, bk, _ = scales
+    grid = grid.astype(np.float32, copy=False)  # a float16 grid (half_scales): exact
     offsets = None
     if fmt.offsets:
         half = grid.shape[0] // 2
@@ -45,11 +46,14 @@ def _layer_weights(weight: torch.Tensor, fmt: Format, out_features: int, packed:
     """The narrowmm weights over a layer's buffers, without a copy: the bits ((in, out) rows,
     or the (slivers, in, width) packed ones) and, for a scaled format, the scales as the
     layer stores them, in the kernels' form (``Weights.kernel_scales``: grid, block of
-    rows, no NaN/Inf code), handed to the weights as they are."""
+    rows, no NaN/Inf code), handed to the weights as they are (a float16 grid is stored as
+    int16, so that ``module.float()`` leaves it alone)."""
     bits = _numpy_bits(weight, fmt)
     plain = grid = offsets = None
     if scales is not None:
         grid = scales.numpy()
+        if grid.dtype == np.int16:
+            grid = grid.view(np.float16)
         plain, offsets = _plain_scales((grid, scale_block, finite), fmt, out_features)
     w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2]), plain, offsets)
          if packed else Weights.from_bits(bits, fmt, plain, offsets))
@@ -95,9 +99,9 @@ def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
     ``weight`` holds narrowmm's bits: ``(in_features, out_features)`` row-major, or the
     packed slivers ``(slivers, in_features, width)`` when ``packed``; 16-bit formats are
-    stored as int16, 8-bit ones as uint8. A scaled format (FP8) passes its scales in the
-    kernels' form (``Weights.kernel_scales``): the grid, its block of rows, and whether the
-    weights hold no NaN/Inf code."""
+    stored as int16, 8-bit ones as uint8. A scaled format (FP8, GGUF's) passes its scales in
+    the kernels' form (``Weights.kernel_scales``; a float16 grid as its int16 bits): the
+    grid, its block of rows, and whether the weights hold no NaN/Inf code."""
     return _linear_impl(x, weight, bias, format_code, out_features, packed, scales,
                          scale_block, finite)
 
@@ -149,7 +153,8 @@ class Linear(torch.nn.Module):
             n = self.out_features
             ld = padded_columns(n, weights.width) if self.packed else n
             grid, self.scale_block, self.finite = weights.kernel_scales(ld)
-            scales = torch.from_numpy(grid)
+            # a float16 grid as int16 bits: module.float() / .to(dtype) keep them
+            scales = torch.from_numpy(grid.view(np.int16) if grid.dtype == np.float16 else grid)
         self.register_buffer("weight_scales", scales, persistent=False)
         self.register_buffer("bias", None if bias is None else torch.from_numpy(
             np.ascontiguousarray(bias, dtype=np.float32)), persistent=False)
