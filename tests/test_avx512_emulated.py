@@ -245,7 +245,7 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
              half: bool = False):
     """An FP8 job with a random block grid of scales (or the given ones) in the kernels'
     form, and the scalar row's answer. finite: NaN/Inf codes replaced by zero, and the
-    finite-weights kernels asked for. half (Q4_0, Q4_1): the random scales and offsets
+    finite-weights kernels asked for. half (the GGUF formats): the random scales and offsets
     rounded to binary16, which the kernels then take as a float16 grid."""
     f = nm.get_format(fmt)
     ldb = n + pad
@@ -314,9 +314,9 @@ def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, fini
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
 def test_binary16_scale_grids_equal_the_scalar_row(emulator, fmt):
-    """The 4-bit formats on binary16 grids of scales and offsets (nm_scales.s16: the packed
+    """The GGUF formats on binary16 grids of scales and offsets (nm_scales.s16: the packed
     gemvs' own kernels at m = 1 and 2, the frame widening them for the rest), row-major and
     packed, over tile edges and blocks of scales."""
     rng = np.random.default_rng(50 + FMT[fmt])

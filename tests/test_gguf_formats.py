@@ -50,7 +50,7 @@ def test_the_rows_of_the_format_table():
                                                                             lo, hi)
         assert f.scaled and f.integer and f.gguf_block == 32 and f.special_bits == 0
         assert f.offsets == (name == "q4_1")
-        assert f.half_scales == (name != "q8_0")
+        assert f.half_scales
         assert c_rows[name] == (code, size, 1, kpack, int(f.offsets), int(f.half_scales))
 
 
@@ -304,17 +304,17 @@ def test_torch_layer_quantizes_to_gguf_blocks(fmt):
 
 # ---- binary16 grids of scales (Format.half_scales) ------------------------------------------
 
-HALF = ["q4_0", "q4_1"]
+HALF = ["q8_0", "q4_0", "q4_1"]
 
 
 @pytest.mark.parametrize("fmt", HALF)
 @pytest.mark.parametrize("k, n", [(512, 300), (2112, 300)])
 def test_binary16_and_float32_grids_give_the_same_bits(fmt, isa, k, n):
-    """GGUF's scales and offsets are binary16 numbers, so the kernels take them as a float16
-    grid (the packed gemvs read it as it is, the frame widens it for the other slots): the
-    same bits as the float32 grid of the same values, at m = 1, 2, 3 and 16, row-major and
-    packed, on 1 and 2 threads; k = 512 walks short slivers (prefetch, a call per block),
-    2112 long ones."""
+    """GGUF's scales (and Q4_1's offsets) are binary16 numbers, so the kernels take them as a
+    float16 grid (the packed gemvs read it as it is, the frame widens it for the other
+    slots): the same bits as the float32 grid of the same values, at m = 1, 2, 3 and 16,
+    row-major and packed, on 1 and 2 threads; k = 512 walks short slivers (a 4-bit format's
+    prefetch, a call per block), 2112 long ones."""
     c = core()
     code = nm.get_format(fmt).code
     rng = np.random.default_rng(8)
@@ -349,7 +349,7 @@ def test_scales_that_are_not_binary16_keep_a_float32_grid(fmt, isa):
     """A scale or offset off binary16's numbers (the exact K-type conversions' d * sc, or a
     user's own) keeps the float32 grid, and the oracle's bits."""
     rng = np.random.default_rng(9)
-    q = rng.integers(0, 256, (32, 40), dtype=np.uint8)
+    q = rng.integers(0, 256, (64 // nm.get_format(fmt).kpack, 40), dtype=np.uint8)
     scales = nm.Scales.blocks(np.full((1, 40), 0.1, np.float32), (64, 1))
     offsets = nm.Scales.blocks(np.full((1, 40), 0.5, np.float32), (64, 1))
     w = nm.Weights.from_bits(q, fmt, scales, offsets if fmt == "q4_1" else None)
@@ -363,8 +363,8 @@ def test_binary16_grids_only_where_the_format_takes_them():
     c = core()
     x = np.ones((1, 32), np.float32)
     out = np.empty((1, 8), np.float32)
-    with pytest.raises(TypeError, match="format 'q8_0' takes float32 scales, not float16"):
-        c.matmul(nm.get_format("q8_0").code, x, np.zeros((32, 8), np.uint8), out, False,
+    with pytest.raises(TypeError, match="format 'e4m3fn' takes float32 scales, not float16"):
+        c.matmul(nm.get_format("e4m3fn").code, x, np.zeros((32, 8), np.uint8), out, False,
                  np.ones((1, 8), np.float16), 32, True)
     with pytest.raises(TypeError, match="scales must be a 2-D aligned float32 or float16 "
                                         "array"):

@@ -26,7 +26,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
     [NM_FMT_BF16] = {"bf16", 2, 0, 0, 1, 0, 0},
     [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8, 1, 0, 0}, /* 15 - 7: binary16's bias against e4m3fn's */
     [NM_FMT_E5M2] = {"e5m2", 1, 1, 0, 1, 0, 0},     /* e5m2 is a binary16's top byte */
-    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0, 0},     /* raw() is the int8 code itself */
+    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0, 1},     /* raw() is the int8 code itself */
     [NM_FMT_Q4_0] = {"q4_0", 1, 1, 0, 2, 0, 1},     /* raw() is q - 8 */
     [NM_FMT_Q4_1] = {"q4_1", 1, 1, 0, 2, 1, 1},     /* raw() is q, then fma with d and m */
 };

@@ -28,7 +28,7 @@ typedef struct nm_format_info {
                        * column j; k and the scales' blocks are then multiples of it */
     int offset;       /* the weights also carry offsets (nm_scales.o): Q4_1 */
     int half_scales;  /* the scales (and offsets) may come as binary16 grids (nm_scales.s16):
-                       * GGUF's Q4_0 and Q4_1, whose d and m are binary16 in the file */
+                       * GGUF's Q8_0, Q4_0 and Q4_1, whose d and m are binary16 in the file */
 } nm_format_info;
 
 extern const nm_format_info nm_format_table[NM_FMT_COUNT];

@@ -52,6 +52,7 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  * for scaled ones the row's vector multiplication and NM_SCALE1. */
 #define NM_UNSCALED(w, sp) (w)
 #define NM_SCALE1(x, sp) ((x) * *(sp))
+#define NM_SCALE1_HALF(x, sp) ((x) * nm_fp16_to_f32(*(sp))) /* a binary16 scale, widened */
 
 /* Packing, written once for every row from its vector load (L lanes; L = 1 for portable C):
  * each row of each nr-wide sliver takes whole vectors while they fit, then single weights,
@@ -278,11 +279,12 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  * once, as G contiguous streams, each weight vector feeding the RR rows' FMAs; then single
  * slivers; the last sliver, narrower than NRW, runs on a zero-padded scratch copy of its C
  * (its padding weights are read, their results dropped). VEC, L, SET1, LOADC, STOREC,
- * LOADW, FMA, SCV: as in NM_DEFINE_GEMV_SIMD. */
-#define NM_GEMV_PACKED_SLIVERS_(NAME, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW,  \
-                                FMA, SCV)                                                    \
+ * LOADW, FMA, SCV: as in NM_DEFINE_GEMV_SIMD; ST, the scales' type: float, or uint16_t for a
+ * binary16 grid (nm_scales.s16), which SCV then reads. */
+#define NM_GEMV_PACKED_SLIVERS_(NAME, ST, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,    \
+                                LOADW, FMA, SCV)                                             \
     static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
-                            const uint8_t *b, float *c, int64_t ldc, const float *s,        \
+                            const uint8_t *b, float *c, int64_t ldc, const ST *s,           \
                             int64_t bk, int64_t lds) {                                       \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t sliver_ = ks * (NRW) * (ITEM);                                         \
@@ -329,28 +331,28 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         }                                                                                    \
     } while (0)
 
-#define NM_DEFINE_GEMV_PACKED(NAME, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW, FMA,   \
-                              SCV)                                                           \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, 1, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,     \
+#define NM_DEFINE_GEMV_PACKED(NAME, ST, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW,    \
+                              FMA, SCV)                                                      \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, ST, 1, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, \
                             LOADW, FMA, SCV)                                                 \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, ST, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,   \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, const uint8_t *b,     \
-                     float *c, const float *s, const float *o, int64_t bk, int64_t lds) {    \
+                     float *c, const ST *s, const ST *o, int64_t bk, int64_t lds) {          \
         (void)o;                                                                             \
         NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s, bk, lds);    \
     }
 
 /* m == 2: G2 slivers at a time, chosen so that 2 x G2 x NRW/L accumulators fit the row's
  * registers with the two broadcasts and a weight vector. */
-#define NM_DEFINE_GEMV2_PACKED(NAME, ITEM, VEC, L, NRW, G2, SET1, LOADC, STOREC, LOADW, FMA, \
-                               SCV)                                                          \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, 2, G2, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,    \
+#define NM_DEFINE_GEMV2_PACKED(NAME, ST, ITEM, VEC, L, NRW, G2, SET1, LOADC, STOREC, LOADW,  \
+                               FMA, SCV)                                                     \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, ST, 2, G2, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, \
                             LOADW, FMA, SCV)                                                 \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,       \
+    NM_GEMV_PACKED_SLIVERS_(NAME##_one_, ST, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,   \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, int64_t lda,          \
-                     const uint8_t *b, float *c, int64_t ldc, const float *s, const float *o, \
+                     const uint8_t *b, float *c, int64_t ldc, const ST *s, const ST *o,      \
                      int64_t bk, int64_t lds) {                                              \
         (void)o;                                                                             \
         NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, bk, lds); \
@@ -359,42 +361,47 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 /* Both packed gemvs for the six formats of a row and the finite variants, named
  * gemv_packed_<fmt>_<ISA> and gemv2_packed_<fmt>_<ISA>: G slivers at a time for one row,
  * G2 for two (G8, G28 for the 8-bit formats). LOADF32 ... LOADQ8: the row's LOADW for
- * each (as in NM_DEFINE_ROW_MAJOR_GEMVS); SCALEV its SCV. */
+ * each (as in NM_DEFINE_ROW_MAJOR_GEMVS); SCALEV its SCV, and SCALEH the same on binary16
+ * scales, for Q8_0's packed gemvs on a binary16 grid (gemv_packed_q8_0_half_<ISA>). */
 #define NM_DEFINE_PACKED_GEMVS(ISA, VEC, L, NRW, G, G2, G8, G28, SET1, LOADC, STOREC, LOADF32, \
                                LOADFP16, LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F,  \
-                               LOADQ8, FMA, SCALEV)                                          \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
+                               LOADQ8, FMA, SCALEV, SCALEH)                                  \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
                           LOADQ8, FMA, SCALEV)                                               \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC,        \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC,        \
                            STOREC, LOADQ8, FMA, SCALEV)                                      \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_finite_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC,  \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_finite_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,  \
                           STOREC, LOADE4M3F, FMA, SCALEV)                                    \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_finite_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC,    \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_finite_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,    \
                           STOREC, LOADE5M2F, FMA, SCALEV)                                    \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_finite_##ISA, 1, VEC, L, NRW, G28, SET1,      \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_finite_##ISA, float, 1, VEC, L, NRW, G28, SET1,      \
                            LOADC, STOREC, LOADE4M3F, FMA, SCALEV)                            \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_finite_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC, \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_finite_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC, \
                            STOREC, LOADE5M2F, FMA, SCALEV)                                   \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_f32_##ISA, 4, VEC, L, NRW, G, SET1, LOADC, STOREC,     \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_f32_##ISA, float, 4, VEC, L, NRW, G, SET1, LOADC, STOREC,     \
                           LOADF32, FMA, NM_UNSCALED)                                         \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_##ISA, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_##ISA, float, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
                           LOADFP16, FMA, NM_UNSCALED)                                        \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_##ISA, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_##ISA, float, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
                           LOADBF16, FMA, NM_UNSCALED)                                        \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC, \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC, \
                           LOADE4M3, FMA, SCALEV)                                             \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_##ISA, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
                           LOADE5M2, FMA, SCALEV)                                             \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_f32_##ISA, 4, VEC, L, NRW, G2, SET1, LOADC, STOREC,  \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_f32_##ISA, float, 4, VEC, L, NRW, G2, SET1, LOADC, STOREC,  \
                            LOADF32, FMA, NM_UNSCALED)                                        \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_fp16_##ISA, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_fp16_##ISA, float, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
                            LOADFP16, FMA, NM_UNSCALED)                                       \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_bf16_##ISA, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_bf16_##ISA, float, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
                            LOADBF16, FMA, NM_UNSCALED)                                       \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC,      \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC,      \
                            STOREC, LOADE4M3, FMA, SCALEV)                                    \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_##ISA, 1, VEC, L, NRW, G28, SET1, LOADC,        \
-                           STOREC, LOADE5M2, FMA, SCALEV)
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC,        \
+                           STOREC, LOADE5M2, FMA, SCALEV) \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G8, SET1,   \
+                          LOADC, STOREC, LOADQ8, FMA, SCALEH)                                \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G28, SET1, \
+                           LOADC, STOREC, LOADQ8, FMA, SCALEH)
 
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their

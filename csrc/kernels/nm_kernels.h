@@ -95,8 +95,8 @@ typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float
 /* The packed gemvs of a format whose scales (and offsets) may be binary16 grids
  * (nm_format_info.half_scales, nm_scales.s16): the same walk, the same chains, each scale
  * read as a binary16 and widened exactly. At m <= 2 the walk streams its blocks' scales with
- * its codes, and a float32 grid is a fifth (Q4_0) or a third (Q4_1) of the bytes a weight
- * costs; the other slots take float32 scales, which the frame widens for them. */
+ * its codes, and a float32 grid is a ninth (Q8_0), a fifth (Q4_0) or a third (Q4_1) of the
+ * bytes a weight costs; the other slots take float32 scales, which the frame widens. */
 typedef void (*nm_gemv_packed_half_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                        const uint8_t *b, float *c, const uint16_t *s,
                                        const uint16_t *o, int64_t bk, int64_t lds);
@@ -216,9 +216,11 @@ typedef struct nm_isa_kernels {
      NM_SET_SLOT(row, slot, NM_FMT_Q4_0, slot##_q4_0_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_Q4_1, slot##_q4_1_##isa))
 
-/* The binary16-scale packed gemvs of the 4-bit formats, named <slot>_<format>_half_<isa>. */
+/* The binary16-scale packed gemvs of the GGUF formats, named <slot>_<format>_half_<isa>. */
 #define NM_SET_HALF_SCALE_SLOTS(row, isa)                                                    \
-    (NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_0, gemv_packed_q4_0_half_##isa),           \
+    (NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q8_0, gemv_packed_q8_0_half_##isa),           \
+     NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q8_0, gemv2_packed_q8_0_half_##isa),         \
+     NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_0, gemv_packed_q4_0_half_##isa),           \
      NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_1, gemv_packed_q4_1_half_##isa),           \
      NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_0, gemv2_packed_q4_0_half_##isa),         \
      NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_1, gemv2_packed_q4_1_half_##isa))

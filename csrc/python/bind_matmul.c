@@ -124,7 +124,7 @@ const char *weights_accept(int fmt) {
  * (ceil(k / bk), ld) C-contiguous float32 array with ld >= min_ld in the kernels' form, bk
  * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). A format
  * with offsets (Q4_1) has them below the scales, as many rows: its array is twice as tall
- * and its lower half is the offsets. A format with half_scales (Q4_0, Q4_1) may give a
+ * and its lower half is the offsets. A format with half_scales (the GGUF ones) may give a
  * float16 array instead (nm_scales.s16). On success *have says whether `sc` was filled (and
  * `view` must be released). */
 int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,

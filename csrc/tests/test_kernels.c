@@ -288,10 +288,10 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
     }
     /* binary16 grids only for the formats with half_scales */
     {
-        const nm_scales q8 = {.s16 = sc16, .ld = ld, .bk = K, .finite = 1};
-        expect(nm_matmul(row, NM_FMT_Q8_0, 1, N, K, a, K, b + 1, N, c, N, 0, NULL, &q8) ==
+        const nm_scales fp8 = {.s16 = sc16, .ld = ld, .bk = K, .finite = 1};
+        expect(nm_matmul(row, NM_FMT_E4M3FN, 1, N, K, a, K, b + 1, N, c, N, 0, NULL, &fp8) ==
                    NM_EINVAL,
-               "%s q8_0: a binary16 grid accepted", row->isa);
+               "%s e4m3fn: a binary16 grid accepted", row->isa);
     }
     free(b), free(bpk), free(sc), free(off), free(sc16), free(off16), free(want), free(c);
 }

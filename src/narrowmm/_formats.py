@@ -45,7 +45,7 @@ class Format:
         offsets: the weights also carry offsets, a second grid of the scales' shape:
             weight = fma(decode(q), scale, offset) (Q4_1).
         half_scales: the native kernels take the scales (and offsets) as a binary16 grid
-            when every one of them is a binary16 number, as GGUF's are (Q4_0, Q4_1): the
+            when every one of them is a binary16 number, as GGUF's are (Q8_0, Q4_0, Q4_1): the
             same weights, half the grid's bytes for the m <= 2 walks to read
             (``Weights.kernel_scales``).
     """
@@ -101,7 +101,8 @@ FORMATS: dict[str, Format] = {
                scale_exponent=0, special_bits=0x7C),
         Format("q8_0", 5, 1, np.dtype(np.uint8), 0, 7, (),
                "GGUF Q8_0: int8 codes, a float32 (GGUF: fp16) scale per 32 input features",
-               scaled=True, max_finite=127.0, integer=True, min_code=-128.0, gguf_block=32),
+               scaled=True, max_finite=127.0, integer=True, min_code=-128.0, gguf_block=32,
+               half_scales=True),
         Format("q4_0", 6, 1, np.dtype(np.uint8), 0, 4, (),
                "GGUF Q4_0: 4-bit codes, two rows a byte, (q - 8) times a scale per 32 inputs",
                scaled=True, max_finite=7.0, integer=True, min_code=-8.0, code_bias=8.5,

@@ -53,6 +53,8 @@ static inline __m256 load8_q8_0(const uint8_t *p) {
 
 /* the scales of 8 columns (nm_kernels.h): one rounding per weight */
 #define SCALE8(w, sp) _mm256_mul_ps(w, _mm256_loadu_ps(sp))
+/* the same on binary16 scales (nm_scales.s16), widened exactly by F16C */
+#define SCALE8_HALF(w, sp) _mm256_mul_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp))))
 
 /* ---- m == 1: stream B four rows at a time, 32 columns per step ----------------------- */
 
@@ -86,7 +88,7 @@ NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR,
                        PACKED_SLIVERS_FP8_M2, _mm256_set1_ps, _mm256_loadu_ps,
                        _mm256_storeu_ps, load8_f32, load8_fp16, load8_bf16, load8_e4m3fn,
                        load8_e5m2, load8_e4m3fn_finite, load8_e5m2_finite, load8_q8_0,
-                       FMADD8, SCALE8)
+                       FMADD8, SCALE8, SCALE8_HALF)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 

@@ -65,6 +65,8 @@ static inline __m512 load16_q8_0(const uint8_t *p) {
 }
 
 #define SCALE16(w, sp) _mm512_mul_ps(w, _mm512_loadu_ps(sp))
+/* the same on binary16 scales (nm_scales.s16), widened exactly */
+#define SCALE16_HALF(w, sp) _mm512_mul_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp))))
 
 /* ---- m == 1: stream B four rows at a time, 64 columns per step ----------------------- */
 
@@ -89,7 +91,7 @@ NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR,
                        PACKED_SLIVERS_FP8_M2, _mm512_set1_ps, _mm512_loadu_ps,
                        _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
                        load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
-                       FMADD16, SCALE16)
+                       FMADD16, SCALE16, SCALE16_HALF)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 

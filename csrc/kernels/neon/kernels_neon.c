@@ -72,6 +72,8 @@ static inline float32x4_t load4_q8_0(const uint8_t *p) {
 }
 
 #define SCALE4(w, sp) vmulq_f32(w, vld1q_f32(sp))
+/* the same on binary16 scales (nm_scales.s16), widened exactly */
+#define SCALE4_HALF(w, sp) vmulq_f32(w, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sp))))
 
 /* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
 
@@ -96,7 +98,8 @@ NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR,
                        PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
                        PACKED_SLIVERS_FP8_M2, vdupq_n_f32, vld1q_f32, vst1q_f32,
                        load4_f32, load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2,
-                       load4_e4m3fn_finite, load4_e5m2_finite, load4_q8_0, vfmaq_f32, SCALE4)
+                       load4_e4m3fn_finite, load4_e5m2_finite, load4_q8_0, vfmaq_f32, SCALE4,
+                       SCALE4_HALF)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 

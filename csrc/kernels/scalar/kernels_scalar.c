@@ -64,7 +64,7 @@ NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR,
                        PACKED_SLIVERS_FP8_M2, SET1, LOAD1C, STORE1,
                        nm_load1_f32, nm_load1_fp16, nm_load1_bf16, nm_load1_e4m3fn_raw,
                        nm_load1_e5m2_raw, nm_load1_e4m3fn_raw, nm_load1_e5m2_raw,
-                       nm_load1_q8_0_raw, FMAF_ACC, NM_SCALE1)
+                       nm_load1_q8_0_raw, FMAF_ACC, NM_SCALE1, NM_SCALE1_HALF)
 
 NM_DEFINE_PACK(pack_f32_scalar, 4, 1, nm_load1_f32, STORE1, nm_load1_f32, NM_UNSCALED,
                NM_UNSCALED)
