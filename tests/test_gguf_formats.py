@@ -310,11 +310,12 @@ HALF = ["q8_0", "q4_0", "q4_1"]
 @pytest.mark.parametrize("fmt", HALF)
 @pytest.mark.parametrize("k, n", [(512, 300), (2112, 300)])
 def test_binary16_and_float32_grids_give_the_same_bits(fmt, isa, k, n):
-    """GGUF's scales (and Q4_1's offsets) are binary16 numbers, so the kernels take them as a
-    float16 grid (the packed gemvs read it as it is, the frame widens it for the other
-    slots): the same bits as the float32 grid of the same values, at m = 1, 2, 3 and 16,
-    row-major and packed, on 1 and 2 threads; k = 512 walks short slivers (a 4-bit format's
-    prefetch, a call per block), 2112 long ones."""
+    """GGUF's scales (and Q4_1's offsets) are binary16 numbers, so packed weights give the
+    kernels a float16 grid (the packed gemvs read it as it is, the frame widens it for the
+    tiles; a caller may pass one for row-major weights too, widened for their gemvs): the
+    same bits as the float32 grid of the same values, at m = 1, 2, 3 and 16, row-major and
+    packed, on 1 and 2 threads; k = 512 walks short slivers (a 4-bit format's prefetch, a
+    call per block), 2112 long ones."""
     c = core()
     code = nm.get_format(fmt).code
     rng = np.random.default_rng(8)
@@ -329,7 +330,8 @@ def test_binary16_and_float32_grids_give_the_same_bits(fmt, isa, k, n):
                 for weights in (w, packed):
                     ld = packed.bits.shape[0] * packed.width if weights is packed else n
                     g16, bk, finite = weights.kernel_scales(ld)
-                    assert g16.dtype == np.float16
+                    assert g16.dtype == (np.float16 if weights is packed else np.float32)
+                    g16 = g16.astype(np.float16)  # exact: GGUF's scales
                     got = {}
                     for grid in (g16, g16.astype(np.float32)):
                         out = np.empty((m, n), np.float32)

@@ -44,10 +44,10 @@ class Format:
             low nibble row 2r, the high one row 2r + 1), so bits have ``k / 2`` rows.
         offsets: the weights also carry offsets, a second grid of the scales' shape:
             weight = fma(decode(q), scale, offset) (Q4_1).
-        half_scales: the native kernels take the scales (and offsets) as a binary16 grid
-            when every one of them is a binary16 number, as GGUF's are (Q8_0, Q4_0, Q4_1): the
-            same weights, half the grid's bytes for the m <= 2 walks to read
-            (``Weights.kernel_scales``).
+        half_scales: the native kernels take the scales (and offsets) of packed weights as a
+            binary16 grid when every one of them is a binary16 number, as GGUF's are (Q8_0,
+            Q4_0, Q4_1): the same weights, half the grid's bytes for the m <= 2 walks to read
+            (``PackedWeights.kernel_scales``).
     """
 
     name: str

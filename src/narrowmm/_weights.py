@@ -101,9 +101,9 @@ def half_grid(grid: np.ndarray) -> np.ndarray:
 
 class _KernelScales:
     """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
-    once per row width, and whether the weights hold no NaN/Inf code (looked at once). The
-    grid is float16 for a format with ``half_scales`` whose every scale and offset is a
-    binary16 number (GGUF's are), else float32: the same values either way."""
+    once per row width, and whether the weights hold no NaN/Inf code (looked at once). With
+    ``half``, the grid is float16 for a format with ``half_scales`` whose every scale and
+    offset is a binary16 number (GGUF's are), else float32: the same values either way."""
 
     __slots__ = ("_by_ld", "_finite")
 
@@ -112,7 +112,8 @@ class _KernelScales:
         self._finite: bool | None = None
 
     def get(self, scales: Scales, fmt: Format, bits: np.ndarray, shape: tuple[int, int],
-            ld: int, offsets: Scales | None = None) -> tuple[np.ndarray, int, bool]:
+            ld: int, offsets: Scales | None = None,
+            half: bool = False) -> tuple[np.ndarray, int, bool]:
         if ld not in self._by_ld:
             grid, bk = scales.expanded(shape, ld)
             grid *= np.float32(2.0 ** fmt.scale_exponent)  # exact: checked_scales' bound
@@ -120,7 +121,7 @@ class _KernelScales:
                 ogrid, _ = offsets.expanded(shape, ld)
                 ogrid[:, shape[1]:] = 0.0
                 grid = np.ascontiguousarray(np.concatenate([grid, ogrid]))
-            if fmt.half_scales:
+            if half and fmt.half_scales:
                 grid = half_grid(grid)
             self._by_ld[ld] = grid, bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
@@ -169,16 +170,21 @@ class _ScaledMatrix:
 
     __slots__ = ()
 
+    # Whether the kernels' grid may be float16 (Format.half_scales): for packed weights,
+    # whose m <= 2 walks read it as it is; row-major gemvs would have it widened by the frame
+    # first, which measured slower for the 4-bit formats (docs/kernels.md).
+    _half_grids = False
+
     def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
         """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
-        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent`` (float16
-        for a format with ``half_scales`` when every value is a binary16 number, else
-        float32; offsets below the scales), and whether no weight is a NaN/Inf code. Made
-        once per ``ld``; None without scales."""
+        :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent`` (for
+        packed weights of a format with ``half_scales``, float16 when every value is a
+        binary16 number; else float32; offsets below the scales), and whether no weight is
+        a NaN/Inf code. Made once per ``ld``; None without scales."""
         if self.scales is None:
             return None
         return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld,
-                                       self.offsets)
+                                       self.offsets, self._half_grids)
 
     def preset_kernel_scales(self, grid: np.ndarray, bk: int, finite: bool) -> None:
         """Hand over the kernels' form of the scales, made before from these same scales
@@ -534,6 +540,7 @@ class PackedWeights(_ScaledMatrix):
     __slots__ = ("_kernel_scales", "_n", "bits", "format", "isa", "offsets", "scales",
                  "sliver_rows", "width")
     packed = True
+    _half_grids = True  # the m <= 2 packed walks stream the grid: binary16 halves it
 
     def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str,
                  scales: Scales | None = None, offsets: Scales | None = None) -> None:
