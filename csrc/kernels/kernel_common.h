@@ -366,42 +366,42 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 #define NM_DEFINE_PACKED_GEMVS(ISA, VEC, L, NRW, G, G2, G8, G28, SET1, LOADC, STOREC, LOADF32, \
                                LOADFP16, LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F,  \
                                LOADQ8, FMA, SCALEV, SCALEH)                                  \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
-                          LOADQ8, FMA, SCALEV)                                               \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC,        \
-                           STOREC, LOADQ8, FMA, SCALEV)                                      \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_finite_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,  \
-                          STOREC, LOADE4M3F, FMA, SCALEV)                                    \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_finite_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,    \
-                          STOREC, LOADE5M2F, FMA, SCALEV)                                    \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_finite_##ISA, float, 1, VEC, L, NRW, G28, SET1,      \
-                           LOADC, STOREC, LOADE4M3F, FMA, SCALEV)                            \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_finite_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC, \
-                           STOREC, LOADE5M2F, FMA, SCALEV)                                   \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_f32_##ISA, float, 4, VEC, L, NRW, G, SET1, LOADC, STOREC,     \
-                          LOADF32, FMA, NM_UNSCALED)                                         \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_##ISA, float, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
-                          LOADFP16, FMA, NM_UNSCALED)                                        \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_##ISA, float, 2, VEC, L, NRW, G, SET1, LOADC, STOREC,    \
-                          LOADBF16, FMA, NM_UNSCALED)                                        \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC, \
-                          LOADE4M3, FMA, SCALEV)                                             \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC, STOREC,   \
-                          LOADE5M2, FMA, SCALEV)                                             \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_f32_##ISA, float, 4, VEC, L, NRW, G2, SET1, LOADC, STOREC,  \
-                           LOADF32, FMA, NM_UNSCALED)                                        \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_fp16_##ISA, float, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
-                           LOADFP16, FMA, NM_UNSCALED)                                       \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_bf16_##ISA, float, 2, VEC, L, NRW, G2, SET1, LOADC, STOREC, \
-                           LOADBF16, FMA, NM_UNSCALED)                                       \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC,      \
-                           STOREC, LOADE4M3, FMA, SCALEV)                                    \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_##ISA, float, 1, VEC, L, NRW, G28, SET1, LOADC,        \
-                           STOREC, LOADE5M2, FMA, SCALEV) \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G8, SET1,   \
-                          LOADC, STOREC, LOADQ8, FMA, SCALEH)                                \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G28, SET1, \
-                           LOADC, STOREC, LOADQ8, FMA, SCALEH)
+    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,    \
+                          STOREC, LOADQ8, FMA, SCALEV)                                       \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G28, SET1,        \
+                           LOADC, STOREC, LOADQ8, FMA, SCALEV)                               \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_finite_##ISA, float, 1, VEC, L, NRW, G8,        \
+                          SET1, LOADC, STOREC, LOADE4M3F, FMA, SCALEV)                       \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_finite_##ISA, float, 1, VEC, L, NRW, G8, SET1,    \
+                          LOADC, STOREC, LOADE5M2F, FMA, SCALEV)                             \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_finite_##ISA, float, 1, VEC, L, NRW, G28,     \
+                           SET1, LOADC, STOREC, LOADE4M3F, FMA, SCALEV)                      \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_finite_##ISA, float, 1, VEC, L, NRW, G28,       \
+                           SET1, LOADC, STOREC, LOADE5M2F, FMA, SCALEV)                      \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_f32_##ISA, float, 4, VEC, L, NRW, G, SET1, LOADC,      \
+                          STOREC, LOADF32, FMA, NM_UNSCALED)                                 \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_fp16_##ISA, float, 2, VEC, L, NRW, G, SET1, LOADC,     \
+                          STOREC, LOADFP16, FMA, NM_UNSCALED)                                \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_bf16_##ISA, float, 2, VEC, L, NRW, G, SET1, LOADC,     \
+                          STOREC, LOADBF16, FMA, NM_UNSCALED)                                \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_##ISA, float, 1, VEC, L, NRW, G8, SET1,         \
+                          LOADC, STOREC, LOADE4M3, FMA, SCALEV)                              \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,    \
+                          STOREC, LOADE5M2, FMA, SCALEV)                                     \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_f32_##ISA, float, 4, VEC, L, NRW, G2, SET1,          \
+                           LOADC, STOREC, LOADF32, FMA, NM_UNSCALED)                         \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_fp16_##ISA, float, 2, VEC, L, NRW, G2, SET1,         \
+                           LOADC, STOREC, LOADFP16, FMA, NM_UNSCALED)                        \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_bf16_##ISA, float, 2, VEC, L, NRW, G2, SET1,         \
+                           LOADC, STOREC, LOADBF16, FMA, NM_UNSCALED)                        \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e4m3fn_##ISA, float, 1, VEC, L, NRW, G28, SET1,      \
+                           LOADC, STOREC, LOADE4M3, FMA, SCALEV)                             \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_##ISA, float, 1, VEC, L, NRW, G28, SET1,        \
+                           LOADC, STOREC, LOADE5M2, FMA, SCALEV)                             \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G8,         \
+                          SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)                          \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G28,      \
+                           SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)
 
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their

@@ -54,7 +54,8 @@ static inline __m256 load8_q8_0(const uint8_t *p) {
 /* the scales of 8 columns (nm_kernels.h): one rounding per weight */
 #define SCALE8(w, sp) _mm256_mul_ps(w, _mm256_loadu_ps(sp))
 /* the same on binary16 scales (nm_scales.s16), widened exactly by F16C */
-#define SCALE8_HALF(w, sp) _mm256_mul_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp))))
+#define SCALE8_HALF(w, sp)                                                                   \
+    _mm256_mul_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp))))
 
 /* ---- m == 1: stream B four rows at a time, 32 columns per step ----------------------- */
 
@@ -234,7 +235,8 @@ static inline void nibbles8(const uint8_t *p, __m256 *lo, __m256 *hi) {
 #define DEQ8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, _mm256_loadu_ps(sp), _mm256_loadu_ps(op))
 /* the same on binary16 scales and offsets (nm_scales.s16), widened exactly by F16C */
 #define LOAD8_HALF(sp) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp)))
-#define DEQH8_Q4_0(q, sp, op) _mm256_mul_ps(_mm256_sub_ps(q, _mm256_set1_ps(8.0f)), LOAD8_HALF(sp))
+#define DEQH8_Q4_0(q, sp, op)                                                                \
+    _mm256_mul_ps(_mm256_sub_ps(q, _mm256_set1_ps(8.0f)), LOAD8_HALF(sp))
 #define DEQH8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, LOAD8_HALF(sp), LOAD8_HALF(op))
 /* packed: two 24-column slivers at a time for one row (6 accumulators), one for two */
 NM_DEFINE_NIBBLE_FORMATS(avx2, __m256, 8, NR, 2, 1, _mm256_set1_ps, _mm256_loadu_ps,

@@ -66,7 +66,8 @@ static inline __m512 load16_q8_0(const uint8_t *p) {
 
 #define SCALE16(w, sp) _mm512_mul_ps(w, _mm512_loadu_ps(sp))
 /* the same on binary16 scales (nm_scales.s16), widened exactly */
-#define SCALE16_HALF(w, sp) _mm512_mul_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp))))
+#define SCALE16_HALF(w, sp)                                                                  \
+    _mm512_mul_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp))))
 
 /* ---- m == 1: stream B four rows at a time, 64 columns per step ----------------------- */
 
