@@ -68,7 +68,7 @@ typedef struct emu_job {
     void *c;           /* matmul: out; decode: floats; encode: 16-bit patterns */
     const float *s;    /* matmul of a scaled format: the kernels' scales (nm_scales), or 0 */
     int64_t s_ld, s_bk, s_finite;
-    int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; Q4_0, Q4_1) */
+    int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; the GGUF formats) */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
