@@ -130,8 +130,8 @@ static void float_scales(const matmul_job *job, int64_t p, int64_t pe, int64_t j
     *lds = 0;
     if (!sc) return;
     if (!sc->s16) {
-        *s = sc->s + (p / sc->bk) * sc->ld + j;
-        *o = sc->o ? sc->o + (p / sc->bk) * sc->ld + j : NULL;
+        *s = grid_at(job, 0, p, j);
+        *o = grid_at(job, 1, p, j);
         *lds = sc->ld;
         return;
     }
