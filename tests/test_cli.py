@@ -101,6 +101,26 @@ def test_bench_one_layout(tmp_path):
     assert {r["system"] for r in doc["results"]} == {"narrowmm-packed"}
 
 
+def test_bench_times_the_gguf_block_types_on_request(tmp_path):
+    """--format q4_k (q5_0, q6_k): GGUF block types that load as exact q4_1 (q8_0) weights,
+    timed as they load and labelled so; not in the default formats."""
+    path = tmp_path / "bench.json"
+    out = run_cli("bench", "--shape", "256,40", "--batch", "1", "--quick", "--no-peers",
+                  "--threads", "1", "--format", "q4_k", "--format", "q5_0", "--format", "q6_k",
+                  "--format", "bf16", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(path.read_text())
+    assert {r["format"] for r in doc["results"]} == {"q4_k", "q5_0", "q6_k", "bf16"}
+    assert ("q4_k: GGUF Q4_K blocks (random codes and scales) as load_gguf loads them, exact "
+            "q4_1 weights;") in out.stdout
+    assert "q6_k: GGUF Q6_K blocks" in out.stdout and "exact q8_0 weights;" in out.stdout
+    assert "narrowmm q4_k against its bf16" in out.stdout
+    out = run_cli("bench", "--shape", "96,40", "--quick", "--format", "q4_k")
+    assert out.returncode != 0 and "limits" not in out.stdout
+    assert ("--format q4_k (GGUF Q4_K, blocks of 256 input features) needs k a multiple of "
+            "256; shape 96x40 has k = 96") in out.stderr
+
+
 def test_version_flag_and_python_dash_m():
     for cmd in ([sys.executable, "-m", "narrowmm", "--version"],
                 [sys.executable, "-m", "narrowmm.cli", "--version"]):

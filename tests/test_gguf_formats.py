@@ -391,3 +391,21 @@ def test_torch_layer_keeps_its_binary16_grid_through_dtype_casts():
             layer.to(torch.bfloat16)
             assert layer.weight_scales.dtype == torch.int16
             assert_same_bits(layer(x).numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("fmt", ["q5_0", "q4_k", "q6_k"])
+def test_the_bench_times_the_gguf_block_types_as_a_file_loads_them(fmt):
+    """`narrowmm bench --format q4_k` (and q5_0, q6_k) times random blocks of the GGUF type
+    as load_gguf converts them: the weights it builds are GGUF's dequantized values bit for
+    bit, in the narrowmm format the type runs as, and they multiply on every path."""
+    from narrowmm.bench.kernels import gguf_converted_weights, random_blocks
+    from narrowmm.bench.results import GGUF_CONVERTED_FORMATS
+
+    ggml, runs_as = GGUF_CONVERTED_FORMATS[fmt]
+    k, n = 512, 40
+    blocks = random_blocks(k, n, fmt, np.random.default_rng(7))
+    w = gguf_converted_weights(k, n, fmt, np.random.default_rng(7))
+    assert w.format.name == runs_as and w.shape == (k, n)
+    want = gguf_quants.dequantize(blocks.reshape(n, -1), gguf.GGMLQuantizationType[ggml]).T
+    assert_same_bits(w.decode(), np.ascontiguousarray(want, np.float32))
+    assert np.isfinite(want).all() and (want != 0).any()

@@ -56,7 +56,7 @@ _layouts = _choices("weight layouts", ("rows", "packed"))
 
 def build_parser() -> argparse.ArgumentParser:
     from ._version import __version__
-    from .bench.results import NARROWMM_FORMATS  # constants only: the CLI starts fast
+    from .bench.results import BENCH_FORMATS  # constants only: the CLI starts fast
 
     parser = argparse.ArgumentParser(prog="narrowmm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"narrowmm {__version__}")
@@ -72,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="k,n instead of the Llama shapes (repeatable)")
     bench.add_argument("--batch", type=_ints, help="batch sizes m (default 1,16,128)")
     bench.add_argument("--format", action="append",
-                       choices=list(NARROWMM_FORMATS),
-                       help="narrowmm weight formats (default all; repeatable)")
+                       choices=list(BENCH_FORMATS),
+                       help="narrowmm weight formats (default all but q5_0, q4_k and q6_k, "
+                       "GGUF block types narrowmm loads as exact q8_0 or q4_1 weights; "
+                       "repeatable)")
     bench.add_argument("--threads", type=_ints, help="thread counts, e.g. 1,2 (default: "
                        "the pool's size)")
     bench.add_argument("--cache", type=_caches, help="cold (default), warm, or cold,warm")

@@ -28,6 +28,8 @@ from .._check import same_bits
 from .._scales import Scales
 from .._threads import get_num_threads
 from .._weights import PackedWeights, Weights, padded_columns
+from ..checkpoints._gguf_blocks import CONVERTERS, FP16_FIELDS, as_torch_weights
+from ..checkpoints.gguf import GGML_TYPES, GGMLType
 from ..providers import use_provider
 from ..providers.native import core, use_isa
 from .machine import (
@@ -46,6 +48,7 @@ from .report import Progress, format_summary, format_tables, write_plot
 from .results import (
     BLAS_ENV,
     FP8_FORMATS,
+    GGUF_CONVERTED_FORMATS,
     LLAMA_SHAPES,
     NARROWMM_FORMATS,
     NARROWMM_SYSTEMS,
@@ -101,6 +104,34 @@ def _verify_narrowmm(x: np.ndarray, w: Weights, y: np.ndarray) -> None:
         want = matmul(x, sub)
     if not same_bits(y[:, cols], want):
         raise AssertionError(f"narrowmm {w.format.name} result is wrong for {w.shape}")
+
+
+def _ggml_type(fmt: str) -> GGMLType:
+    """The ggml block type behind a bench format of GGUF_CONVERTED_FORMATS."""
+    name = GGUF_CONVERTED_FORMATS[fmt][0]
+    return next(t for t in GGML_TYPES.values() if t.name == name)
+
+
+def gguf_converted_weights(k: int, n: int, fmt: str, rng: np.random.Generator) -> Weights:
+    """``(k, n)`` weights of the GGUF block type behind the bench format ``fmt``
+    (GGUF_CONVERTED_FORMATS) as ``load_gguf`` gives a file's tensor of it: random bytes for
+    the codes and sub-block scales, its fp16 fields drawn from [2^-11, 2^-10) (normal
+    numbers: no subnormal scale), converted exactly (checkpoints/_gguf_blocks.py). The
+    kernels' time does not depend on the values."""
+    t = _ggml_type(fmt)
+    return as_torch_weights(CONVERTERS[t.name](random_blocks(k, n, fmt, rng))).transpose()
+
+
+def random_blocks(k: int, n: int, fmt: str, rng: np.random.Generator) -> np.ndarray:
+    """The blocks behind :func:`gguf_converted_weights`: ``(n, k / block, type size)``
+    bytes, a row's blocks along k (GGUF's layout of an ``(n, k)`` tensor)."""
+    t = _ggml_type(fmt)
+    nb = k // t.block_size
+    blocks = rng.integers(0, 256, (n, nb, t.type_size), dtype=np.uint8)
+    for at in FP16_FIELDS[t.name]:
+        half = (rng.uniform(1.0, 2.0, (n, nb)) * 2.0**-11).astype(np.float16)
+        blocks[:, :, at:at + 2] = half.view(np.uint8).reshape(n, nb, 2)
+    return blocks
 
 
 # ---- the systems ----------------------------------------------------------------------
@@ -198,7 +229,7 @@ def _systems(name: str, k: int, n: int, m: int, x: np.ndarray, exact: dict[str, 
     probes: dict[int, tuple[Callable[[int], float] | None, int]] = {}
     for fmt in cfg.formats:
         w = exact[fmt]
-        copies = [w] + [Weights.from_bits(w.bits.copy(), fmt, w.scales, w.offsets)
+        copies = [w] + [Weights.from_bits(w.bits.copy(), w.format, w.scales, w.offsets)
                         for _ in range(plan.copies(w.nbytes) - 1)]
         for c in copies:
             _prepare(c)
@@ -351,6 +382,7 @@ def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
         # FP8 as checkpoints store it (one scale per output column), q8_0 as GGUF does
         # (one per 32 input features of a column): Weights.quantize
         exact = {fmt: Weights.quantize(raw, fmt) if fmt in QUANTIZED_FORMATS
+                 else gguf_converted_weights(k, n, fmt, rng) if fmt in GGUF_CONVERTED_FORMATS
                  else Weights.encode(raw, fmt) for fmt in cfg.formats}
         del raw
         for m in cfg.batches:
@@ -448,6 +480,13 @@ def build_config(args: Any) -> Config:
         shapes = list(LLAMA_SHAPES)
     batches = args.batch or ([1, 16] if args.quick else [1, 16, 128])
     formats = args.format or list(NARROWMM_FORMATS)
+    for fmt in (f for f in formats if f in GGUF_CONVERTED_FORMATS):
+        t = _ggml_type(fmt)
+        for name, k, _ in shapes:
+            if k % t.block_size:
+                raise SystemExit(f"narrowmm bench: --format {fmt} (GGUF {t.name}, blocks of "
+                                 f"{t.block_size} input features) needs k a multiple of "
+                                 f"{t.block_size}; shape {name} has k = {k}")
     threads = args.threads or [get_num_threads()]
     caches = args.cache or ["cold"]
     min_calls, budget = (3, 0.15) if args.quick else (5, 0.5)

@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .results import NARROWMM_FORMATS, NARROWMM_SYSTEMS, QUANTIZED_FORMATS, Limits, Result
+from .results import (
+    BENCH_FORMATS,
+    GGUF_CONVERTED_FORMATS,
+    NARROWMM_SYSTEMS,
+    QUANTIZED_FORMATS,
+    Limits,
+    Result,
+)
 
 # ---- output ---------------------------------------------------------------------------
 
@@ -136,7 +143,7 @@ def _quantized_summary(rs: list[Result], cache: str, t: int) -> list[str]:
         return min(hits, key=lambda r: r.median_ms) if hits else None
 
     lines: list[str] = []
-    for fmt in QUANTIZED_FORMATS:
+    for fmt in (*QUANTIZED_FORMATS, *GGUF_CONVERTED_FORMATS):
         ms = sorted({r.m for r in rs if r.format == fmt and r.system in NARROWMM_SYSTEMS})
         if not ms or not any(r.format == "bf16" for r in rs):
             continue
@@ -178,9 +185,16 @@ def format_tables(limits: list[Limits], results: list[Result]) -> str:
                          f"{_ms(r.median_ms, 9)}{r.gbps:>8.1f}{r.gflops:>9.1f}"
                          f"{r.pct_of_limit:>8.0f}%{now}{ratio:>10}")
         lines += COLUMNS_EXPLAINED
+        converted = [f for f in GGUF_CONVERTED_FORMATS if any(r.format == f for r in rs)]
+        for f in converted:
+            ggml, runs_as = GGUF_CONVERTED_FORMATS[f]
+            lines.append(f"  {f}: GGUF {ggml} blocks (random codes and scales) as load_gguf "
+                         f"loads them, exact {runs_as} weights;")
+        if converted:
+            lines.append("    their GB/s counts the bytes of the weights they run as.")
         systems = sorted({(r.system, r.format) for r in rs if r.system not in NARROWMM_SYSTEMS})
         nm_fmts = sorted({r.format for r in rs if r.system in NARROWMM_SYSTEMS},
-                         key=NARROWMM_FORMATS.index)
+                         key=BENCH_FORMATS.index)
         cols = [(s, f) for s in NARROWMM_SYSTEMS for f in nm_fmts
                 if any((r.system, r.format) == (s, f) for r in rs)] + systems
         lines.append("")
@@ -210,6 +224,8 @@ PLOT_SERIES = (
     ("narrowmm", "f32", "#31a354"), ("narrowmm", "e4m3fn", "#006d2c"),
     ("narrowmm", "e5m2", "#74c476"), ("narrowmm", "q8_0", "#6baed6"),
     ("narrowmm", "q4_0", "#9ecae1"), ("narrowmm", "q4_1", "#c6dbef"),
+    ("narrowmm", "q5_0", "#4292c6"), ("narrowmm", "q4_k", "#2171b5"),
+    ("narrowmm", "q6_k", "#084594"),
     ("numpy-f32", "f32", "#525252"), ("numpy-upcast", "bf16", "#969696"),
     ("numpy-upcast", "fp16", "#bdbdbd"),
     ("ml_dtypes", "bf16", "#756bb1"), ("ml_dtypes", "e4m3fn", "#9e9ac8"),

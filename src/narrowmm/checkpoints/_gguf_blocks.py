@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._scales import Scales
+from .._weights import TorchWeights
+
 # (format, codes, scales, offsets or None, rows a scale covers)
 Converted = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None", int]
 
@@ -123,3 +126,14 @@ def q6_k(blocks: np.ndarray) -> Converted:
 
 CONVERTERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q4_K": q4_k,
               "Q6_K": q6_k}
+# where each block type keeps its fp16 fields (d, and m or dmin), in bytes from the block's
+# start: what a maker of blocks must set to finite values
+FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2),
+               "Q6_K": (208,)}
+
+
+def as_torch_weights(converted: Converted) -> TorchWeights:
+    """A converter's result as narrowmm weights in PyTorch's ``(out, in)`` reading."""
+    fmt, codes, scales, offsets, rows = converted
+    return TorchWeights(codes, fmt, Scales.blocks(scales, (1, rows)),
+                        None if offsets is None else Scales.blocks(offsets, (1, rows)))

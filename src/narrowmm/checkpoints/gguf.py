@@ -33,7 +33,7 @@ from .._formats import get_format
 from .._scales import Scales
 from .._weights import TorchWeights
 from ._files import missing_tensor, open_regular_file
-from ._gguf_blocks import CONVERTERS
+from ._gguf_blocks import CONVERTERS, as_torch_weights
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -383,15 +383,13 @@ class GGUFFile(Mapping[str, TorchWeights]):
             return TorchWeights(np.zeros((out, n_blocks * t.block_size // fmt.kpack), np.uint8),
                                 fmt, Scales.tensor(1.0), Scales.tensor(0.0) if fmt.offsets
                                 else None)
-        _, codes, scales, offsets, rows = CONVERTERS[t.name](
-            raw.reshape(out, n_blocks, t.type_size))
-        for grid, what in ((scales, "scale"), (offsets, "offset")):
+        converted = CONVERTERS[t.name](raw.reshape(out, n_blocks, t.type_size))
+        for grid, what in ((converted[2], "scale"), (converted[3], "offset")):
             if grid is not None and not np.isfinite(grid).all():
                 r, b = (int(i) for i in np.argwhere(~np.isfinite(grid))[0])
                 raise GGUFError(f"{self.path}: tensor {name!r}: the {what} of block {b} of "
                                 f"row {r} is {float(grid[r, b])!r}")
-        return TorchWeights(codes, fmt, Scales.blocks(scales, (1, rows)),
-                            None if offsets is None else Scales.blocks(offsets, (1, rows)))
+        return as_torch_weights(converted)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.info)
