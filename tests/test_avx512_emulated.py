@@ -174,7 +174,7 @@ def check_matmul(outputs: list[bytes], cases: list) -> None:
 @pytest.mark.parametrize("fmt", ["f32", "fp16", "bf16"])
 def test_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt):
     rng = np.random.default_rng(FMT[fmt])
-    ms = [1, 2, 3, 7, 8, 9, 15, 16, 17, 33]
+    ms = [1, 2, 3, 4, 7, 8, 9, 12, 15, 16, 17, 33]
     ns = [1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 95, 96, 97, 200]
     ks = [0, 1, 3, 17, 127, 128, 129, 300]
     cases = []
@@ -226,7 +226,7 @@ def test_packed_weights_equal_the_scalar_row(emulator, fmt):
                                 accumulate=bool(rng.integers(2)),
                                 threads=int(rng.choice([1, 2, 3, 7])),
                                 pad=int(rng.choice([0, 5]))))
-             for m in (1, 2, 9, 17) for n in (1, 31, 32, 33, 127, 128, 129, 200)]
+             for m in (1, 2, 4, 9, 17) for n in (1, 31, 32, 33, 127, 128, 129, 200)]
     cases.append(packed(matmul_case(rng, fmt, 1, 1100, 300, accumulate=False, threads=7)))
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
@@ -303,7 +303,7 @@ def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, fini
     offsets)."""
     rng = np.random.default_rng(30 + FMT[fmt] + 2 * finite)
     cases = []
-    for m in (1, 2, 3, 9, 17):
+    for m in (1, 2, 3, 4, 9, 17):
         for n in (1, 15, 16, 17, 31, 32, 33, 65, 97, 200):
             cases.append(fp8_case(rng, fmt, m, n, int(rng.choice([0, 1, 3, 17, 129, 300])),
                                   accumulate=bool(rng.integers(2)),
@@ -325,7 +325,7 @@ def test_binary16_scale_grids_equal_the_scalar_row(emulator, fmt):
                       accumulate=bool(rng.integers(2)), threads=int(rng.choice([1, 2, 7])),
                       finite=False, pad=int(rng.choice([0, 5])), packed_layout=packed,
                       half=True)
-             for m in (1, 2, 3, 9) for n in (15, 32, 33, 97, 200) for packed in (False, True)]
+             for m in (1, 2, 3, 4, 9) for n in (15, 32, 33, 97, 200) for packed in (False, True)]
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 

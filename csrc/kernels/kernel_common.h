@@ -406,9 +406,11 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their
  * results are dropped. CALL computes on `scratch` (leading dimension NR). */
-#define WITH_SCRATCH_TILE(mr, nr, c, ldc, CALL)                                              \
+#define WITH_SCRATCH_TILE(mr, nr, c, ldc, CALL) WITH_SCRATCH_ROWS(MR, mr, nr, c, ldc, CALL)
+/* the same on a scratch of ROWS rows (ROWS >= mr), for a tile of ROWS rows */
+#define WITH_SCRATCH_ROWS(ROWS, mr, nr, c, ldc, CALL)                                        \
     do {                                                                                     \
-        _Alignas(64) float scratch[MR * NR] = {0};                                           \
+        _Alignas(64) float scratch[(ROWS) * NR] = {0};                                       \
         for (int64_t i_ = 0; i_ < (mr); ++i_)                                                \
             memcpy(scratch + i_ * NR, (c) + i_ * (ldc), (size_t)(nr) * sizeof(float));      \
         CALL;                                                                                \
@@ -441,6 +443,26 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         }                                                                                    \
         WITH_SCRATCH_TILE(mr, NR, c, ldc,                                                    \
                           TILE(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o, bk, lds));     \
+    }
+
+/* The same for a row that also has a half-height fused tile, TILE_HALF (the first MR / 2
+ * rows of the same tile: the same chains, half the FMAs): tiles of at most MR / 2 rows take
+ * it, so m = 3 or 4 does not pay for the MR rows of a full tile (its rows past mr are zeros
+ * whose results are dropped), where HALF_OK(ldb) says so (see the avx512 row). */
+#define NM_DEFINE_UKERNEL_PACK_FROM_TILES(NAME, TILE, TILE_HALF, HALF_OK)                    \
+    static void NAME(int64_t kc, int64_t mr, const float *ap, const uint8_t *b, int64_t ldb, \
+                     float *bp, float *c, int64_t ldc, const float *c_next, const float *s,   \
+                     const float *o, int64_t bk, int64_t lds) {                              \
+        if (mr == MR || (mr == MR / 2 && HALF_OK(ldb))) {                                    \
+            (mr == MR ? TILE : TILE_HALF)(kc, ap, b, ldb, bp, c, ldc, c_next, s, o, bk, lds); \
+        } else if (mr < MR / 2 && HALF_OK(ldb)) {                                            \
+            WITH_SCRATCH_ROWS(MR / 2, mr, NR, c, ldc,                                        \
+                              TILE_HALF(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o, bk,   \
+                                        lds));                                               \
+        } else {                                                                             \
+            WITH_SCRATCH_TILE(mr, NR, c, ldc,                                                \
+                              TILE(kc, ap, b, ldb, bp, scratch, NR, c_next, s, o, bk, lds)); \
+        }                                                                                    \
     }
 
 /* A ukernel_pack made of the row's own parts, for rows without a fused one: pack the whole

@@ -152,8 +152,9 @@ static void test_codecs(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
 
 /* FP8: each of the 256 patterns in every column position of a 2-row B under 4 scales
  * (columns of one scale each), so weight (p, j) is fl32(decode * s[j]); a = (1, 1) sums
- * the two rows' weights with two fmas, the gemvs (m = 1, 2), the tiles (m = 5) and the
- * packed layout each checked against that sum in float. */
+ * the two rows' weights with two fmas, the gemvs (m = 1, 2), the tiles (m = 4, a row's
+ * half-height tile where it has one; m = 5) and the packed layout each checked against that
+ * sum in float. */
 static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     enum { N = 1024, K = 2 };
     static const float scales[4] = {1.0f, 0.0078125f, 3.3f, 1e-38f};
@@ -187,9 +188,9 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
                 for (int p = 0; p < K; ++p)
                     bpk[((j / nr) * K + p) * nr + j % nr] = b[1 + p * N + j];
             const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite};
-            static const int64_t ms[] = {1, 2, 5};
+            static const int64_t ms[] = {1, 2, 4, 5};
             for (int packed = 0; packed < 2; ++packed)
-                for (size_t mi = 0; mi < 3; ++mi) {
+                for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; ++mi) {
                     const int64_t m = ms[mi];
                     int st = packed
                                  ? nm_matmul_packed(row, fmt, m, N, K, a, K, bpk, c, N, 0, NULL,
@@ -209,7 +210,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
 
 /* The 4-bit formats: each of the 256 bytes (two codes) in every column position of one
  * stored row (k = 2) under 4 scales, with an offset per column for Q4_1, so each output is
- * fma(1, w_hi, fma(1, w_lo, 0)); the gemvs (m = 1, 2), the tiles (m = 5) and the packed
+ * fma(1, w_hi, fma(1, w_lo, 0)); the gemvs (m = 1, 2), the tiles (m = 4, 5) and the packed
  * layout each checked against it, and (x86) no subnormal operand on the way. Then again on
  * binary16 grids (nm_scales.s16: the packed gemvs' own, widened by the frame for the others)
  * of binary16 scales and offsets, a subnormal binary16 among them. */
@@ -245,9 +246,9 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
                                                  .o16 = with_offsets ? off16 : NULL}
                                    : (nm_scales){.s = sc, .ld = ld, .bk = K, .finite = 1,
                                                  .o = with_offsets ? off : NULL};
-        static const int64_t ms[] = {1, 2, 5};
+        static const int64_t ms[] = {1, 2, 4, 5};
         for (int packed = 0; packed < 2; ++packed)
-            for (size_t mi = 0; mi < 3; ++mi) {
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; ++mi) {
                 const int64_t m = ms[mi];
 #if defined(NM_HAVE_MXCSR)
                 _mm_setcsr(_mm_getcsr() & ~0x3Fu);
@@ -366,11 +367,11 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
         float *sc = xmalloc((size_t)ld * 4), *c = xmalloc((size_t)(5 * n) * 4);
         for (int64_t j = 0; j < ld; ++j) sc[j] = ldexpf(1.0f, nm_format_table[fmt].scale_exponent);
         const float a[5 * K] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
-        static const int64_t ms[] = {1, 2, 5};
+        static const int64_t ms[] = {1, 2, 4, 5};
         for (int finite = 0; finite <= scaled; ++finite) {
             const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite};
             for (int packed = 0; packed < 2; ++packed)
-                for (size_t mi = 0; mi < 3; ++mi) {
+                for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; ++mi) {
                     const int64_t m = ms[mi];
                     _mm_setcsr(_mm_getcsr() & ~0x3Fu); /* clear the six exception flags */
                     const int st =
@@ -524,7 +525,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
 }
 
 static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
-    static const int64_t ms[] = {1, 2, 3, 5, 6, 7, 8, 9, 16, 17};
+    static const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17};
     static const int64_t ns[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 100, 257};
     static const int64_t ks[] = {0, 1, 2, 3, 5, 17, 256, 257, 300};
     for (int fmt = 0; fmt < NM_FMT_COUNT; ++fmt) {

@@ -130,53 +130,66 @@ NM_DEFINE_PACK(pack_q8_0_avx512, 1, 16, load16_q8_0, _mm512_storeu_ps, nm_load1_
         c##i##1 = _mm512_fmadd_ps(ai, b1, c##i##1);                                          \
     } while (0)
 
+/* the full tile's rows, and the half tile's (rows 0-3: m <= 4 runs half the FMAs) */
 #define TILE_LOAD_C(c, ldc)                                                                  \
-    LOAD_ROW_C(0, c, ldc) LOAD_ROW_C(1, c, ldc) LOAD_ROW_C(2, c, ldc) LOAD_ROW_C(3, c, ldc)  \
+    TILE_HALF_LOAD_C(c, ldc)                                                                 \
     LOAD_ROW_C(4, c, ldc) LOAD_ROW_C(5, c, ldc) LOAD_ROW_C(6, c, ldc) LOAD_ROW_C(7, c, ldc)
 #define TILE_STORE_C(c, ldc)                                                                 \
-    STORE_ROW_C(0, c, ldc) STORE_ROW_C(1, c, ldc) STORE_ROW_C(2, c, ldc)                     \
-    STORE_ROW_C(3, c, ldc) STORE_ROW_C(4, c, ldc) STORE_ROW_C(5, c, ldc)                     \
-    STORE_ROW_C(6, c, ldc) STORE_ROW_C(7, c, ldc)
+    TILE_HALF_STORE_C(c, ldc)                                                                \
+    STORE_ROW_C(4, c, ldc) STORE_ROW_C(5, c, ldc) STORE_ROW_C(6, c, ldc) STORE_ROW_C(7, c, ldc)
 #define TILE_FMA_STEP(ap, p, b0, b1)                                                         \
-    FMA_ROW(0, ap, p, b0, b1);                                                               \
-    FMA_ROW(1, ap, p, b0, b1);                                                               \
-    FMA_ROW(2, ap, p, b0, b1);                                                               \
-    FMA_ROW(3, ap, p, b0, b1);                                                               \
+    TILE_HALF_FMA_STEP(ap, p, b0, b1);                                                       \
     FMA_ROW(4, ap, p, b0, b1);                                                               \
     FMA_ROW(5, ap, p, b0, b1);                                                               \
     FMA_ROW(6, ap, p, b0, b1);                                                               \
     FMA_ROW(7, ap, p, b0, b1)
+#define TILE_HALF_LOAD_C(c, ldc)                                                             \
+    LOAD_ROW_C(0, c, ldc) LOAD_ROW_C(1, c, ldc) LOAD_ROW_C(2, c, ldc) LOAD_ROW_C(3, c, ldc)
+#define TILE_HALF_STORE_C(c, ldc)                                                            \
+    STORE_ROW_C(0, c, ldc) STORE_ROW_C(1, c, ldc) STORE_ROW_C(2, c, ldc) STORE_ROW_C(3, c, ldc)
+#define TILE_HALF_FMA_STEP(ap, p, b0, b1)                                                    \
+    FMA_ROW(0, ap, p, b0, b1);                                                               \
+    FMA_ROW(1, ap, p, b0, b1);                                                               \
+    FMA_ROW(2, ap, p, b0, b1);                                                               \
+    FMA_ROW(3, ap, p, b0, b1)
 
-static void tile_8x32(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
-                      const float *c_next) {
-    PREFETCH_C_TILE(c_next, ldc);
-    TILE_LOAD_C(c, ldc)
-    for (int64_t p = 0; p < kc; ++p) {
-        const __m512 b0 = _mm512_load_ps(bp + p * NR), b1 = _mm512_load_ps(bp + p * NR + 16);
-        TILE_FMA_STEP(ap, p, b0, b1);
+/* The tile on a packed sliver, with the given row set (TILE_ or TILE_HALF_) */
+#define NM_DEFINE_TILE(NAME, ROWS)                                                           \
+    static void NAME(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,    \
+                     const float *c_next) {                                                  \
+        PREFETCH_C_TILE(c_next, ldc);                                                        \
+        ROWS##LOAD_C(c, ldc)                                                                 \
+        for (int64_t p = 0; p < kc; ++p) {                                                   \
+            const __m512 b0 = _mm512_load_ps(bp + p * NR);                                   \
+            const __m512 b1 = _mm512_load_ps(bp + p * NR + 16);                              \
+            ROWS##FMA_STEP(ap, p, b0, b1);                                                   \
+        }                                                                                    \
+        ROWS##STORE_C(c, ldc)                                                                \
     }
-    TILE_STORE_C(c, ldc)
-}
+NM_DEFINE_TILE(tile_8x32, TILE_)
+NM_DEFINE_TILE(tile_4x32, TILE_HALF_)
 
 static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float *ap,
                                 const float *bp, float *c, int64_t ldc, const float *c_next) {
-    if (mr == MR && nr == NR) {
-        tile_8x32(kc, ap, bp, c, ldc, c_next);
-        return;
+    if (nr == NR && (mr == MR || mr == MR / 2)) {
+        (mr == MR ? tile_8x32 : tile_4x32)(kc, ap, bp, c, ldc, c_next);
+    } else if (mr <= MR / 2) { /* half the FMAs of a full tile */
+        WITH_SCRATCH_ROWS(MR / 2, mr, nr, c, ldc, tile_4x32(kc, ap, bp, scratch, NR, c_next));
+    } else {
+        WITH_SCRATCH_TILE(mr, nr, c, ldc, tile_8x32(kc, ap, bp, scratch, NR, c_next));
     }
-    WITH_SCRATCH_TILE(mr, nr, c, ldc, tile_8x32(kc, ap, bp, scratch, NR, c_next));
 }
 
 /* ---- the first tile of a sliver, decoding B on the way (see the avx2 row) ------------- */
 #define B_AHEAD 64 /* weights: two slivers further along the same row */
 
-#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16, SCV)                                \
+#define NM_DEFINE_TILE_PACK(TILE, ROWS, ITEM, LOAD16, SCV)                                   \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
                      float *c, int64_t ldc, const float *c_next, const float *s,             \
                      const float *o, int64_t bk, int64_t lds) {                              \
         (void)o; /* no offsets in these formats */                                           \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
-        TILE_LOAD_C(c, ldc)                                                                  \
+        ROWS##LOAD_C(c, ldc)                                                                 \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
         NM_TILE_SCALES_INIT_(s, kc, bk, 1);                                                  \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
@@ -186,22 +199,34 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
             const __m512 b0 = SCV(LOAD16(src), s), b1 = SCV(LOAD16(src + 16 * (ITEM)), s + 16); \
             _mm512_store_ps(bp + p * NR, b0);                                                \
             _mm512_store_ps(bp + p * NR + 16, b1);                                           \
-            TILE_FMA_STEP(ap, p, b0, b1);                                                    \
+            ROWS##FMA_STEP(ap, p, b0, b1);                                                   \
         }                                                                                    \
-        TILE_STORE_C(c, ldc)                                                                 \
+        ROWS##STORE_C(c, ldc)                                                                \
+    }
+/* The full tile and the half one (m <= 4), and the slot around them. The half tile saves
+ * FMAs; on row-major weights of the unscaled formats the FMAs are not what limits the first
+ * tile (it reads B rows a row apart), and there it measured 0.88-1.02x the full tile at
+ * m = 3 and 4 (docs/kernels.md), so those keep the full one unless packed (HALF_ROWS 0). */
+#define NM_HALF_ALWAYS(ldb) 1
+#define NM_DEFINE_UKERNEL_PACK(NAME, TILE, ITEM, LOAD16, SCV, HALF_ROWS)                     \
+    NM_DEFINE_TILE_PACK(TILE, TILE_, ITEM, LOAD16, SCV)                                      \
+    NM_DEFINE_TILE_PACK(TILE##_half, TILE_HALF_, ITEM, LOAD16, SCV)                          \
+    static inline int NAME##_half_ok(int64_t ldb) {                                          \
+        return (HALF_ROWS) || ldb == NR * (ITEM); /* packed: rows of one sliver */           \
     }                                                                                        \
-    NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
+    NM_DEFINE_UKERNEL_PACK_FROM_TILES(NAME, TILE, TILE##_half, NAME##_half_ok)
 
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx512, tile_pack_f32, 4, load16_f32, NM_UNSCALED)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx512, tile_pack_fp16, 2, load16_fp16, NM_UNSCALED)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx512, tile_pack_bf16, 2, load16_bf16, NM_UNSCALED)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_avx512, tile_pack_e4m3fn, 1, load16_e4m3fn, SCALE16)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_avx512, tile_pack_e5m2, 1, load16_e5m2, SCALE16)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_f32_avx512, tile_pack_f32, 4, load16_f32, NM_UNSCALED, 0)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_fp16_avx512, tile_pack_fp16, 2, load16_fp16, NM_UNSCALED, 0)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_bf16_avx512, tile_pack_bf16, 2, load16_bf16, NM_UNSCALED, 0)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_avx512, tile_pack_e4m3fn, 1, load16_e4m3fn, SCALE16,
+                       1)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_avx512, tile_pack_e5m2, 1, load16_e5m2, SCALE16, 1)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_avx512, tile_pack_e4m3fn_finite, 1,
-                       load16_e4m3fn_finite, SCALE16)
+                       load16_e4m3fn_finite, SCALE16, 1)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx512, tile_pack_e5m2_finite, 1,
-                       load16_e5m2_finite, SCALE16)
-NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_avx512, tile_pack_q8_0, 1, load16_q8_0, SCALE16)
+                       load16_e5m2_finite, SCALE16, 1)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_avx512, tile_pack_q8_0, 1, load16_q8_0, SCALE16, 1)
 
 /* ---- the 4-bit formats (kernel_common.h): 16 bytes, 32 codes, two rows -------------- */
 
@@ -234,13 +259,13 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_lo
  * (high), each stored for the tiles below and fed to its 16 FMAs in the same step, so the
  * decode's permutes and multiplies share the cycles of the tile's FMAs instead of running
  * as a pass of their own. The decode is pack's (NIBBLES, DEQ), so are the bits. */
-#define NM_DEFINE_NIBBLE_UKERNEL_PACK(FMT, NIBBLES, DEQ)                                     \
-    static void tile_pack_##FMT(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb,  \
-                                float *bp, float *c, int64_t ldc, const float *c_next,       \
-                                const float *s, const float *o, int64_t bk, int64_t lds) {   \
+#define NM_DEFINE_NIBBLE_TILE_PACK(TILE, ROWS, NIBBLES, DEQ)                                 \
+    static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
+                     float *c, int64_t ldc, const float *c_next, const float *s,             \
+                     const float *o, int64_t bk, int64_t lds) {                              \
         (void)o; /* Q4_0 has no offsets */                                                   \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
-        TILE_LOAD_C(c, ldc)                                                                  \
+        ROWS##LOAD_C(c, ldc)                                                                 \
         NM_TILE_SCALES_INIT_(s, kc, bk, 2);                                                  \
         for (int64_t r = 0; r < kc / 2; ++r) {                                               \
             NM_TILE_SCALES_NEXT_(s, o, bk, lds, 2);                                          \
@@ -254,12 +279,16 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_lo
             _mm512_store_ps(bq + 16, lo1);                                                   \
             _mm512_store_ps(bq + NR, hi0);                                                   \
             _mm512_store_ps(bq + NR + 16, hi1);                                              \
-            TILE_FMA_STEP(ap, 2 * r, lo0, lo1);                                              \
-            TILE_FMA_STEP(ap, 2 * r + 1, hi0, hi1);                                          \
+            ROWS##FMA_STEP(ap, 2 * r, lo0, lo1);                                             \
+            ROWS##FMA_STEP(ap, 2 * r + 1, hi0, hi1);                                         \
         }                                                                                    \
-        TILE_STORE_C(c, ldc)                                                                 \
-    }                                                                                        \
-    NM_DEFINE_UKERNEL_PACK_FROM_TILE(ukernel_pack_##FMT##_avx512, tile_pack_##FMT)
+        ROWS##STORE_C(c, ldc)                                                                \
+    }
+#define NM_DEFINE_NIBBLE_UKERNEL_PACK(FMT, NIBBLES, DEQ)                                     \
+    NM_DEFINE_NIBBLE_TILE_PACK(tile_pack_##FMT, TILE_, NIBBLES, DEQ)                         \
+    NM_DEFINE_NIBBLE_TILE_PACK(tile_pack_##FMT##_half, TILE_HALF_, NIBBLES, DEQ)             \
+    NM_DEFINE_UKERNEL_PACK_FROM_TILES(ukernel_pack_##FMT##_avx512, tile_pack_##FMT,          \
+                                      tile_pack_##FMT##_half, NM_HALF_ALWAYS)
 
 NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_0, NIBBLES16_Q4_0, DEQ16_Q4_0)
 NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_1, NIBBLES16_Q4_1, DEQ16_Q4_1)
