@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import subprocess
 import sys
@@ -115,6 +116,13 @@ def test_bench_times_the_gguf_block_types_on_request(tmp_path):
             "q4_1 weights;") in out.stdout
     assert "q6_k: GGUF Q6_K blocks" in out.stdout and "exact q8_0 weights;" in out.stdout
     assert "narrowmm q4_k against its bf16" in out.stdout
+    # without narrowmm's bf16 there is no ratio to give (PyTorch's bf16 is not it)
+    out = run_cli("bench", "--shape", "256,40", "--batch", "1", "--quick", "--threads", "1",
+                  "--format", "q4_k", "--layout", "rows")
+    assert out.returncode == 0, out.stderr
+    if importlib.util.find_spec("torch") is not None:
+        assert "torch bf16" in out.stdout  # the peer whose format is bf16 ran
+    assert "against its bf16" not in out.stdout
     out = run_cli("bench", "--shape", "96,40", "--quick", "--format", "q4_k")
     assert out.returncode != 0 and "limits" not in out.stdout
     assert ("--format q4_k (GGUF Q4_K, blocks of 256 input features) needs k a multiple of "

@@ -145,17 +145,19 @@ def _quantized_summary(rs: list[Result], cache: str, t: int) -> list[str]:
     lines: list[str] = []
     for fmt in (*QUANTIZED_FORMATS, *GGUF_CONVERTED_FORMATS):
         ms = sorted({r.m for r in rs if r.format == fmt and r.system in NARROWMM_SYSTEMS})
-        if not ms or not any(r.format == "bf16" for r in rs):
-            continue
-        lines.append(f"summary ({cache} cache, {t} thread(s)): narrowmm {fmt} against its "
-                     "bf16, speed ratio per shape (faster layout of each)")
+        rows = []
         for m in ms:
             parts = []
             for shape in sorted({r.shape for r in rs if r.m == m}):
-                a, b = best(fmt, shape, m), best("bf16", shape, m)
+                a, b = best(fmt, shape, m), best("bf16", shape, m)  # PyTorch's bf16: not it
                 if a and b:
                     parts.append(f"{shape} {b.median_ms / a.median_ms:.2f}x")
-            lines.append(f"  m = {m:<4} " + ", ".join(parts))
+            if parts:
+                rows.append(f"  m = {m:<4} " + ", ".join(parts))
+        if rows:
+            lines.append(f"summary ({cache} cache, {t} thread(s)): narrowmm {fmt} against its "
+                         "bf16, speed ratio per shape (faster layout of each)")
+            lines += rows
     return lines
 
 
