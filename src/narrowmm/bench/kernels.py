@@ -381,8 +381,11 @@ def run(cfg: Config, progress: Any) -> tuple[list[Limits], list[Result]]:
         raw = ((rng.random((k, n), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
         # FP8 as checkpoints store it (one scale per output column), q8_0 as GGUF does
         # (one per 32 input features of a column): Weights.quantize
+        # GGUF's converted types: random blocks, their own draws (x stays the same)
         exact = {fmt: Weights.quantize(raw, fmt) if fmt in QUANTIZED_FORMATS
-                 else gguf_converted_weights(k, n, fmt, rng) if fmt in GGUF_CONVERTED_FORMATS
+                 else gguf_converted_weights(k, n, fmt, np.random.default_rng(
+                     [k, n, list(GGUF_CONVERTED_FORMATS).index(fmt)]))
+                 if fmt in GGUF_CONVERTED_FORMATS
                  else Weights.encode(raw, fmt) for fmt in cfg.formats}
         del raw
         for m in cfg.batches:
