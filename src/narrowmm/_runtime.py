@@ -16,16 +16,26 @@ from .providers import forced_provider, get_provider, providers, resolve
 from .providers.native import core, describe_kernels
 
 
-def cpu_model() -> str:
-    """The CPU's model name, as the OS reports it."""
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name as the OS reports it; on x86 with its family and model numbers,
+    since a virtual machine may report no more than "AMD EPYC" and those tell its generation
+    (family 25 model 17 is a Zen 4, family 26 a Zen 5)."""
+    name, fields = "", {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:  # the first of each field: the first CPU's
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key in ("model name", "hardware", "cpu model") and not name:
+                    name = value.strip()
+                elif key in ("cpu family", "model"):
+                    fields.setdefault(key, value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = name or platform.processor() or platform.machine()
+    if fields.get("cpu family", "").isdigit() and fields.get("model", "").isdigit():
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def runtime_info() -> dict[str, Any]:

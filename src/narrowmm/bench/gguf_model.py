@@ -45,6 +45,7 @@ from .llama import (
     run_rounds,
     set_threads,
 )
+from .machine import run_line
 
 PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
 
@@ -218,6 +219,7 @@ def main(args: Any) -> int:
     threads = args.threads or [1, 2]
     batches = args.batch or [1, 8]
     rounds, steps = (1, 8) if args.quick else (3, 32)
+    print(run_line(threads, ("llama-cpp-python", "torch", "transformers")))
     t0 = time.perf_counter()
     cases, info = run(path, threads, batches, rounds, steps)
     print()

@@ -40,6 +40,7 @@ from .machine import (
     l3_bytes,
     measure_limits,
     memory_budget,
+    package_versions,
     parse_size,
     peak_rss_bytes,
     release_memory,
@@ -135,6 +136,9 @@ def random_blocks(k: int, n: int, fmt: str, rng: np.random.Generator) -> np.ndar
 
 
 # ---- the systems ----------------------------------------------------------------------
+
+# the packages behind the peers, whose versions the first line gives
+KERNEL_PEERS = ("numpy", "torch", "ml_dtypes")
 
 @dataclass
 class Case:
@@ -539,7 +543,8 @@ def main(args: Any) -> int:
     info = runtime_info()
     print(f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])}); "
           f"isa {', '.join(cfg.isas)}; threads {', '.join(map(str, cfg.threads))}; "
-          f"cache {', '.join(cfg.caches)}; L3 {l3_bytes() >> 20} MiB")
+          f"cache {', '.join(cfg.caches)}; L3 {l3_bytes() >> 20} MiB; "
+          f"{package_versions(KERNEL_PEERS)}")
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]
     if set_vars:
         print(f"note: {', '.join(f'{v}={os.environ[v]}' for v in set_vars)} is set and slows "

@@ -57,6 +57,33 @@ def l3_bytes() -> int:
     return best or 32 << 20
 
 
+def package_versions(names: tuple[str, ...]) -> str:
+    """``"torch 2.13.0+cpu, llama-cpp-python not installed"``: the installed versions of the
+    peers a bench may time, read from their metadata (nothing is imported)."""
+    from importlib import metadata
+
+    parts = []
+    for name in names:
+        try:
+            parts.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    return ", ".join(parts)
+
+
+def run_line(threads: list[int], peers: tuple[str, ...] = ()) -> str:
+    """The first line of every bench: what ran. narrowmm's version, the CPU (with its
+    family and model on x86) and its features, the ISA row in use (and NARROWMM_ISA when it
+    forced it), the thread counts timed, and the versions of the peers."""
+    from .._runtime import runtime_info
+
+    info = runtime_info()
+    isa = info["isa"] + (" (NARROWMM_ISA)" if info["isa_forced"] else "")
+    line = (f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])});"
+            f" isa {isa}; threads {', '.join(map(str, threads))}")
+    return line + (f"; {package_versions(peers)}" if peers else "")
+
+
 def mem_available() -> int:
     """MemAvailable from /proc/meminfo (bytes); the physical memory where it is missing."""
     with contextlib.suppress(OSError, ValueError):

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .machine import run_line
 from .timing import time_interleaved
 
 SENTENCES = [
@@ -186,6 +187,7 @@ def main(args: Any) -> int:
     batches = args.batch or [1, 32]
     threads = args.threads or [1, 2]
     budget, rounds = (0.3, 3) if args.quick else (6.0, 8)
+    print(run_line(threads, ("torch", "sentence-transformers", "transformers")))
     t0 = time.perf_counter()
     results = run(batches, threads, budget, rounds)
     print()
