@@ -209,6 +209,19 @@ def assert_run_line(stdout: str, threads: str, peers: tuple[str, ...]) -> None:
             assert f"{name} not installed" in first, first
 
 
+def test_run_line_without_the_native_core_or_a_peer(monkeypatch):
+    """The first line still says what ran when the C core did not load (no ISA row) and a
+    peer's package is missing."""
+    from narrowmm import _runtime
+    from narrowmm.bench.machine import run_line
+
+    info = {**_runtime.runtime_info(), "isa": None, "isa_forced": None, "cpu_features": []}
+    monkeypatch.setattr(_runtime, "runtime_info", lambda: info)
+    line = run_line([1, 2], ("torch", "no-such-package-narrowmm"))
+    assert "; isa none (the native core did not load); threads 1, 2; torch " in line, line
+    assert line.endswith("no-such-package-narrowmm not installed"), line
+
+
 def test_bench_model_minilm_quick():
     """The whole-model benchmark runs and reports every system (figures: docs/torch.md)."""
     from conftest import require

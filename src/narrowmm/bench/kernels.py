@@ -140,6 +140,7 @@ def random_blocks(k: int, n: int, fmt: str, rng: np.random.Generator) -> np.ndar
 # the packages behind the peers, whose versions the first line gives
 KERNEL_PEERS = ("numpy", "torch", "ml_dtypes")
 
+
 @dataclass
 class Case:
     """One (system, format) on one shape: build its weight copies, call it."""

@@ -78,7 +78,8 @@ def run_line(threads: list[int], peers: tuple[str, ...] = ()) -> str:
     from .._runtime import runtime_info
 
     info = runtime_info()
-    isa = info["isa"] + (" (NARROWMM_ISA)" if info["isa_forced"] else "")
+    isa = (info["isa"] or "none (the native core did not load)") + (
+        " (NARROWMM_ISA)" if info["isa_forced"] else "")
     line = (f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])});"
             f" isa {isa}; threads {', '.join(map(str, threads))}")
     return line + (f"; {package_versions(peers)}" if peers else "")
