@@ -11,7 +11,7 @@ import torch
 
 from .._scales import Scales
 from .._weights import TorchWeights
-from ..checkpoints.gguf import GGUFFile, load_gguf
+from ..checkpoints.gguf import GGML_TYPES, GGUFError, GGUFFile, load_gguf
 from ._invariant import make_batch_invariant
 from ._layer import Linear
 from ._team import set_num_threads
@@ -54,9 +54,10 @@ def _float_tensor(f: GGUFFile, name: str) -> torch.Tensor:
     """A tensor that stays float32 in the model (norms, the embedding table): its exact
     values, decoded."""
     info = f.info[name]
-    if info.type.format is None:
-        raise ValueError(f"{f.path}: tensor {name!r} has ggml type {info.type.name}, which "
-                         "narrowmm cannot decode")
+    if info.type.format is None:  # as GGUFFile refuses such weights, 1-D ones too
+        known = ", ".join(g.name for g in GGML_TYPES.values() if g.format)
+        raise GGUFError(f"{f.path}: tensor {name!r} has ggml type {info.type.name}; narrowmm "
+                        f"decodes {known}")
     if len(info.ne) == 2:
         values = f[name].decode()
     else:
@@ -108,8 +109,10 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
             row-major block weights") has the measurements behind the default.
 
     Raises:
-        GGUFError: a malformed file; ValueError: a tensor of a type narrowmm does not load
-        (the K types today), or a model the file's architecture does not describe.
+        GGUFError: a malformed file, or a tensor of a type narrowmm does not load (Q5_1,
+            Q5_K, Q2_K, Q3_K, the IQ types: the error names the tensor, its type and the
+            types that load); ValueError: a model the file's architecture does not
+            describe.
         TypeError: ``pack`` is not a bool (``None`` chose a per-layer rule before
         2026-12-03; every layer is packed now).
     """
