@@ -128,6 +128,8 @@ def test_bench_times_the_gguf_block_types_on_request(tmp_path):
                   "--threads", "1", "--format", "q4_k", "--format", "q5_0", "--format", "q6_k",
                   "--format", "bf16", "--json", str(path))
     assert out.returncode == 0, out.stderr
+    assert_run_line(out.stdout, "1", ("numpy", "torch", "ml_dtypes"))
+    assert "; threads 1; cache cold; L3 " in out.stdout.splitlines()[0]
     doc = json.loads(path.read_text())
     assert {r["format"] for r in doc["results"]} == {"q4_k", "q5_0", "q6_k", "bf16"}
     assert ("q4_k: GGUF Q4_K blocks (random codes and scales) as load_gguf loads them, exact "
@@ -194,8 +196,8 @@ def test_bench_explains_itself_and_summarises(tmp_path):
 
 
 def assert_run_line(stdout: str, threads: str, peers: tuple[str, ...]) -> None:
-    """A model bench's first line says what ran: narrowmm's version, the CPU, the ISA row,
-    the threads, and each peer's version (or that it is not installed)."""
+    """A bench's first line says what ran: narrowmm's version, the CPU, the ISA row, the
+    threads, and each peer's version (or that it is not installed)."""
     from importlib import metadata
 
     first = stdout.splitlines()[0]

@@ -40,10 +40,10 @@ from .machine import (
     l3_bytes,
     measure_limits,
     memory_budget,
-    package_versions,
     parse_size,
     peak_rss_bytes,
     release_memory,
+    run_line,
 )
 from .report import Progress, format_summary, format_tables, write_plot
 from .results import (
@@ -542,10 +542,8 @@ def main(args: Any) -> int:
         raise SystemExit("narrowmm bench needs the native core, which did not load")
     cfg = build_config(args)
     info = runtime_info()
-    print(f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])}); "
-          f"isa {', '.join(cfg.isas)}; threads {', '.join(map(str, cfg.threads))}; "
-          f"cache {', '.join(cfg.caches)}; L3 {l3_bytes() >> 20} MiB; "
-          f"{package_versions(KERNEL_PEERS)}")
+    print(run_line(cfg.threads, KERNEL_PEERS, isas=cfg.isas,
+                   details=(f"cache {', '.join(cfg.caches)}", f"L3 {l3_bytes() >> 20} MiB")))
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]
     if set_vars:
         print(f"note: {', '.join(f'{v}={os.environ[v]}' for v in set_vars)} is set and slows "

@@ -71,18 +71,21 @@ def package_versions(names: tuple[str, ...]) -> str:
     return ", ".join(parts)
 
 
-def run_line(threads: list[int], peers: tuple[str, ...] = ()) -> str:
+def run_line(threads: list[int], peers: tuple[str, ...] = (),
+             isas: list[str] | None = None, details: tuple[str, ...] = ()) -> str:
     """The first line of every bench: what ran. narrowmm's version, the CPU (with its
-    family and model on x86) and its features, the ISA row in use (and NARROWMM_ISA when it
-    forced it), the thread counts timed, and the versions of the peers."""
+    family and model on x86) and its features, the ISA rows timed (by default the row in
+    use, marked when NARROWMM_ISA forced it), the thread counts timed, the bench's own
+    ``details``, and the versions of the peers."""
     from .._runtime import runtime_info
 
     info = runtime_info()
-    isa = (info["isa"] or "none (the native core did not load)") + (
-        " (NARROWMM_ISA)" if info["isa_forced"] else "")
-    line = (f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])});"
-            f" isa {isa}; threads {', '.join(map(str, threads))}")
-    return line + (f"; {package_versions(peers)}" if peers else "")
+    if isas is None:
+        isas = [(info["isa"] or "none (the native core did not load)")
+                + (" (NARROWMM_ISA)" if info["isa_forced"] else "")]
+    parts = [f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])})",
+             f"isa {', '.join(isas)}", f"threads {', '.join(map(str, threads))}", *details]
+    return "; ".join(parts + ([package_versions(peers)] if peers else []))
 
 
 def mem_available() -> int:
