@@ -79,6 +79,8 @@ GGML_TYPES: dict[int, GGMLType] = {
     35: GGMLType("TQ2_0", 256, 66), 39: GGMLType("MXFP4", 32, 17),
     40: GGMLType("NVFP4", 64, 36), 41: GGMLType("Q1_0", 128, 18),
 }
+# the types that load as weights, as the errors for the others list them
+LOADABLE_TYPES = ", ".join(t.name for t in GGML_TYPES.values() if t.format)
 # what .array() gives for a plain type (block types: their raw bytes, uint8)
 _NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
           "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64}
@@ -362,9 +364,9 @@ class GGUFFile(Mapping[str, TorchWeights]):
     def __getitem__(self, name: str) -> TorchWeights:
         t = self._entry(name)
         if t.format is None:
-            known = ", ".join(g.name for g in GGML_TYPES.values() if g.format)
             raise GGUFError(f"{self.path}: tensor {name!r} has ggml type {t.type.name}; "
-                            f"narrowmm computes on {known} (use .array() for its bytes)")
+                            f"narrowmm computes on {LOADABLE_TYPES} (use .array() for its "
+                            "bytes)")
         if len(t.ne) != 2:
             raise GGUFError(f"{self.path}: tensor {name!r} has {len(t.ne)} dimensions "
                             f"(shape {t.shape}); weights must be 2-D (use .array())")

@@ -11,7 +11,7 @@ import torch
 
 from .._scales import Scales
 from .._weights import TorchWeights
-from ..checkpoints.gguf import GGML_TYPES, GGUFError, GGUFFile, load_gguf
+from ..checkpoints.gguf import LOADABLE_TYPES, GGUFError, GGUFFile, load_gguf
 from ._invariant import make_batch_invariant
 from ._layer import Linear
 from ._team import set_num_threads
@@ -55,9 +55,8 @@ def _float_tensor(f: GGUFFile, name: str) -> torch.Tensor:
     values, decoded."""
     info = f.info[name]
     if info.type.format is None:  # as GGUFFile refuses such weights, 1-D ones too
-        known = ", ".join(g.name for g in GGML_TYPES.values() if g.format)
         raise GGUFError(f"{f.path}: tensor {name!r} has ggml type {info.type.name}; narrowmm "
-                        f"decodes {known}")
+                        f"decodes {LOADABLE_TYPES}")
     if len(info.ne) == 2:
         values = f[name].decode()
     else:
