@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .llama import (
+    DECODE_PEERS,
     Case,
     LlamaCppSession,
     format_report,
@@ -219,7 +220,7 @@ def main(args: Any) -> int:
     threads = args.threads or [1, 2]
     batches = args.batch or [1, 8]
     rounds, steps = (1, 8) if args.quick else (3, 32)
-    print(run_line(threads, ("llama-cpp-python", "torch", "transformers")))
+    print(run_line(threads, DECODE_PEERS))
     t0 = time.perf_counter()
     cases, info = run(path, threads, batches, rounds, steps)
     print()

@@ -48,6 +48,8 @@ import numpy as np
 from .machine import run_line
 
 PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
+# the packages behind the decode benches' peers, whose versions the first line gives
+DECODE_PEERS = ("llama-cpp-python", "torch", "transformers")
 
 
 @dataclass
@@ -556,7 +558,7 @@ def main(args: Any) -> int:
     threads = args.threads or [1, 2]
     batches = args.batch or [1, 8]
     rounds, steps = (1, 4) if args.quick else (3, 16)
-    print(run_line(threads, ("llama-cpp-python", "torch", "transformers")))
+    print(run_line(threads, DECODE_PEERS))
     t0 = time.perf_counter()
     cases, info = run(size, threads, batches, rounds, steps)
     print()
