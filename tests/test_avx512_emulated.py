@@ -256,6 +256,8 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
            else bits.reshape(rows, ldb))
     if finite and f.special_bits:
         raw = np.where((raw & SPECIAL[fmt]) == SPECIAL[fmt], np.uint8(0), raw)
+    if f.code_bits:  # Q5_1: its codes, 0 to 31 (the API refuses the other bytes)
+        raw = raw & np.uint8((1 << f.code_bits) - 1)
     offsets = None
     if scales is None:
         bk = int(rng.choice([1, 4, 128, 10**9])) * f.kpack
@@ -295,12 +297,12 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
 
 @pytest.mark.parametrize("fmt,finite", [("e4m3fn", False), ("e4m3fn", True), ("e5m2", False),
                                         ("e5m2", True), ("q8_0", False), ("q4_0", False),
-                                        ("q4_1", False)])
+                                        ("q4_1", False), ("q5_1", False)])
 def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, finite):
     """Row-major and packed weights of the scaled formats with blocks of scales (1, 4, 128
     rows or all of k; twice that for the 4-bit formats), FP8 on the exact kernels (NaN/Inf
-    codes present) and the finite-weights ones; the GGUF formats with any codes (Q4_1 with
-    offsets)."""
+    codes present) and the finite-weights ones; the GGUF formats with any codes (Q4_1 and
+    Q5_1 with offsets)."""
     rng = np.random.default_rng(30 + FMT[fmt] + 2 * finite)
     cases = []
     for m in (1, 2, 3, 4, 9, 17):
@@ -315,7 +317,7 @@ def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, fini
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "q5_1"])
 def test_binary16_scale_grids_equal_the_scalar_row(emulator, fmt):
     """The GGUF formats on binary16 grids of scales and offsets (nm_scales.s16: the packed
     gemvs' own kernels at m = 1 and 2, the frame widening them for the rest), row-major and

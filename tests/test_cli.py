@@ -121,21 +121,26 @@ def test_bench_one_layout(tmp_path):
 
 
 def test_bench_times_the_gguf_block_types_on_request(tmp_path):
-    """--format q4_k (q5_0, q6_k): GGUF block types that load as exact q4_1 (q8_0) weights,
-    timed as they load and labelled so; not in the default formats."""
+    """--format q4_k (q5_0, q5_k, q6_k): GGUF block types that load as exact q4_1 (q8_0,
+    q5_1) weights, timed as they load and labelled so; not in the default formats, nor is
+    q5_1 itself."""
     path = tmp_path / "bench.json"
     out = run_cli("bench", "--shape", "256,40", "--batch", "1", "--quick", "--no-peers",
                   "--threads", "1", "--format", "q4_k", "--format", "q5_0", "--format", "q6_k",
-                  "--format", "bf16", "--json", str(path))
+                  "--format", "q5_k", "--format", "q5_1", "--format", "bf16", "--json",
+                  str(path))
     assert out.returncode == 0, out.stderr
     assert_run_line(out.stdout, "1", ("numpy", "torch", "ml_dtypes"))
     assert "; threads 1; cache cold; L3 " in out.stdout.splitlines()[0]
     doc = json.loads(path.read_text())
-    assert {r["format"] for r in doc["results"]} == {"q4_k", "q5_0", "q6_k", "bf16"}
+    assert {r["format"] for r in doc["results"]} == {"q4_k", "q5_0", "q6_k", "q5_k", "q5_1",
+                                                     "bf16"}
     assert ("q4_k: GGUF Q4_K blocks (random codes and scales) as load_gguf loads them, exact "
             "q4_1 weights;") in out.stdout
     assert "q6_k: GGUF Q6_K blocks" in out.stdout and "exact q8_0 weights;" in out.stdout
+    assert "q5_k: GGUF Q5_K blocks" in out.stdout and "exact q5_1 weights;" in out.stdout
     assert "narrowmm q4_k against its bf16" in out.stdout
+    assert "narrowmm q5_1 against its bf16" in out.stdout
     # without narrowmm's bf16 there is no ratio to give (PyTorch's bf16 is not it)
     out = run_cli("bench", "--shape", "256,40", "--batch", "1", "--quick", "--threads", "1",
                   "--format", "q4_k", "--layout", "rows")

@@ -32,7 +32,7 @@ def test_unknown_format_names_the_known_ones():
 
 def test_operations_cover_matmul_for_all_and_codecs_for_narrow():
     pairs = {(op, f.name) for op, f in operations()}
-    narrow = ("fp16", "bf16", "e4m3fn", "e5m2", "q8_0", "q4_0", "q4_1")
+    narrow = ("fp16", "bf16", "e4m3fn", "e5m2", "q8_0", "q4_0", "q4_1", "q5_1")
     assert pairs == ({("matmul", f) for f in ("f32", *narrow)}
                      | {(op, f) for op in ("encode", "decode") for f in narrow})
 

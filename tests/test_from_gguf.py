@@ -7,6 +7,9 @@ runs PyTorch float32."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,19 +101,22 @@ def test_row_major_layers_give_the_packed_layers_bits(smollm2):
         assert_same_bits(rows(ids).logits.numpy(), packed(ids).logits.numpy())
 
 
+def write_llama(path: Path, block_type: str, **dims: int) -> Path:
+    """A Llama GGUF file of random weights, every linear layer in ``block_type``
+    (tools/write_llama_gguf.py; ``dims``: hidden, layers, ffn, heads, kv_heads)."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "write_llama_gguf.py"
+    options = [f"--{name.replace('_', '-')}={value}" for name, value in dims.items()]
+    subprocess.run([sys.executable, str(tool), str(path), "--type", block_type, *options],
+                   check=True, capture_output=True, timeout=300)
+    return path
+
+
 def test_wide_4_bit_layers_are_packed_by_default_with_the_row_major_bits(tmp_path):
     """from_gguf packs every layer by default, the 4-bit ones of 4096 output features too
     (packed, each sliver is one stream through all of k: 2.3-2.8x row-major on an AMD Zen 5,
     docs/decoder.md), and a packed model's logits are the row-major model's bits."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    tool = Path(__file__).resolve().parents[1] / "tools" / "write_llama_gguf.py"
-    path = tmp_path / "wide-q4_1.gguf"
-    subprocess.run([sys.executable, str(tool), str(path), "--type", "q4_1", "--hidden", "64",
-                    "--layers", "1", "--ffn", "4096", "--heads", "2", "--kv-heads", "1"],
-                   check=True, capture_output=True, timeout=300)
+    path = write_llama(tmp_path / "wide-q4_1.gguf", "q4_1", hidden=64, layers=1, ffn=4096,
+                       heads=2, kv_heads=1)
     packed, rows = nmt.from_gguf(path, threads=1), nmt.from_gguf(path, threads=1, pack=False)
     layers = dict(nmt.converted_layers(packed))
     assert layers["model.layers.0.mlp.up_proj"].out_features == 4096
@@ -120,6 +126,26 @@ def test_wide_4_bit_layers_are_packed_by_default_with_the_row_major_bits(tmp_pat
     ids = torch.tensor([[1, 504, 3154, 282, 4052, 314], [7, 8, 9, 10, 11, 12]])
     with torch.inference_mode():
         assert_same_bits(packed(ids).logits.numpy(), rows(ids).logits.numpy())
+
+
+def test_a_q5_1_file_runs_as_q5_1_layers_within_float32_rounding_of_pytorch(tmp_path):
+    """A Llama of Q5_1 layers (tools/write_llama_gguf.py, gguf-py's quantizer): every
+    linear layer holds the file's 5-bit codes as q5_1, packed and row-major give the same
+    bits, and the logits are within float32 rounding of transformers' float32 model of the
+    same file (which dequantizes with gguf-py: the same weights, bit for bit)."""
+    path = write_llama(tmp_path / "small-q5_1.gguf", "q5_1", hidden=128, layers=2, ffn=256,
+                       heads=4, kv_heads=2)
+    model, rows = nmt.from_gguf(path, threads=1), nmt.from_gguf(path, threads=1, pack=False)
+    layers = dict(nmt.converted_layers(model))
+    assert {m.format.name for n, m in layers.items() if n != "lm_head"} == {"q5_1"}
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32)
+    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314], [7, 8, 9, 10, 11, 12]])
+    with torch.inference_mode():
+        ours = model(ids).logits
+        assert_same_bits(rows(ids).logits.numpy(), ours.numpy())
+        diff = (ours - reference(ids).logits).abs().max().item()
+    assert 0 < diff < 1e-4
 
 
 @pytest.mark.parametrize("pack", [None, 1, "yes"])

@@ -149,13 +149,14 @@ def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
         assert_same_bits(nm.Linear(w)(x), nm.matmul(x, w.transpose()))
     assert f.info["k"].shape == (2, 256) and f.array("k").shape == (2, 84)
     with pytest.raises(nm.GGUFError, match=r"'k' has ggml type Q2_K; narrowmm computes on "
-                                           r"F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16"):
+                                           r"F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, "
+                                           r"Q6_K, BF16"):
         f["k"]
 
 
 # where each block type keeps its fp16 fields (d, and m or dmin), in bytes
-FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2),
-               "Q6_K": (208,)}
+FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
+               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 @pytest.mark.parametrize("type_name", list(FP16_FIELDS))

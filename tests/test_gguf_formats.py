@@ -1,11 +1,11 @@
 """GGUF's integer block formats as narrowmm formats: Q8_0 (int8 codes), Q4_0 and Q4_1 (4-bit
-codes, two rows a byte), each with a float32 scale per 32 input features, Q4_1 with an
-offset too.
+codes, two rows a byte) and Q5_1 (5-bit codes, one a byte), each with a float32 scale per
+32 input features, Q4_1 and Q5_1 with an offset too.
 
 The contract (docs/contracts.md): weight (p, j) is fl32(q * d) (Q8_0), fl32((q - 8) * d)
-(Q4_0) or fma(q, d, m) (Q4_1), with d and m the block's scale and offset (fp16 in a GGUF
-file, exact in float32), so every product is exact and the weight has at most the one
-rounding of Q4_1's sum; then the usual fma chain over p ascending. ``gguf.quants`` (the
+(Q4_0) or fma(q, d, m) (Q4_1, Q5_1), with d and m the block's scale and offset (fp16 in a
+GGUF file, exact in float32), so every product is exact and the weight has at most the one
+rounding of the sum; then the usual fma chain over p ascending. ``gguf.quants`` (the
 GGUF project's NumPy implementation) is the outside oracle for the quantizers and the
 decode; the reference provider for the chain."""
 
@@ -23,9 +23,9 @@ from narrowmm.providers.native import core
 
 gguf = require("gguf")
 gguf_quants = require("gguf.quants")
-FORMATS = ["q8_0", "q4_0", "q4_1"]
+FORMATS = ["q8_0", "q4_0", "q4_1", "q5_1"]
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-        "q4_1": gguf.GGMLQuantizationType.Q4_1}
+        "q4_1": gguf.GGMLQuantizationType.Q4_1, "q5_1": gguf.GGMLQuantizationType.Q5_1}
 CODES = np.arange(256, dtype=np.uint8)
 
 
@@ -41,7 +41,7 @@ def gguf_values(values: np.ndarray, fmt: str) -> np.ndarray:
 
 def test_the_rows_of_the_format_table():
     want = {"q8_0": (5, 1, 1, -128.0, 127.0), "q4_0": (6, 1, 2, -8.0, 7.0),
-            "q4_1": (7, 1, 2, 0.0, 15.0)}
+            "q4_1": (7, 1, 2, 0.0, 15.0), "q5_1": (8, 1, 1, 0.0, 31.0)}
     c_rows = {name: (code, size, scaled, kpack, offset, half)
               for code, name, size, scaled, _, kpack, offset, half in core().formats()}
     for name, (code, size, kpack, lo, hi) in want.items():
@@ -49,15 +49,18 @@ def test_the_rows_of_the_format_table():
         assert (f.code, f.itemsize, f.kpack, f.min_code, f.max_finite) == (code, size, kpack,
                                                                             lo, hi)
         assert f.scaled and f.integer and f.gguf_block == 32 and f.special_bits == 0
-        assert f.offsets == (name == "q4_1")
+        assert f.offsets == (name in ("q4_1", "q5_1"))
         assert f.half_scales
         assert c_rows[name] == (code, size, 1, kpack, int(f.offsets), int(f.half_scales))
 
 
 def code_values(fmt: str) -> np.ndarray:
-    """What each of the 256 bytes stands for: one int8, or two 4-bit codes, low first."""
+    """What each of the 256 bytes stands for: one int8, or two 4-bit codes, low first; Q5_1's
+    32 codes, the bytes below 32."""
     if fmt == "q8_0":
         return CODES.view(np.int8).astype(np.float32)
+    if fmt == "q5_1":
+        return CODES[:32].astype(np.float32)
     shift = 8.0 if fmt == "q4_0" else 0.0
     return np.stack([CODES & 15, CODES >> 4], axis=-1).astype(np.float32) - np.float32(shift)
 
@@ -65,8 +68,16 @@ def code_values(fmt: str) -> np.ndarray:
 @pytest.mark.parametrize("provider", ["native", "numpy", "reference"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_byte_decodes_to_its_codes(fmt, provider, isa):
+    codes = CODES[:32] if fmt == "q5_1" else CODES
     with use_provider(provider):
-        got = nm.decode(CODES, fmt)
+        got = nm.decode(codes, fmt)
+        if fmt == "q5_1":  # a byte past 31 is no code: refused, never decoded
+            for bad in (32, 200, 255):
+                bits = CODES[:8].copy()
+                bits[5] = bad
+                with pytest.raises(ValueError, match=rf"bits\[5\] = {bad} is not a q5_1 "
+                                                     r"code \(0 to 31\)"):
+                    nm.decode(bits, fmt)
     assert_same_bits(got, code_values(fmt))
 
 
@@ -77,12 +88,12 @@ def c_roundf(x: float) -> float:
 
 def gguf_code(v: np.ndarray, fmt: str) -> np.ndarray:
     """The value a code stands for after GGUF's rounding and clamp: roundf (Q8_0), or
-    trunc of the float32 sum v + 8.5 (Q4_0, then - 8) and v + 0.5 (Q4_1)."""
+    trunc of the float32 sum v + 8.5 (Q4_0, then - 8) and v + 0.5 (Q4_1, Q5_1)."""
     if fmt == "q8_0":
         return np.array([min(max(c_roundf(float(x)), -128.0), 127.0) for x in v], np.float32)
     bias, shift = (8.5, 8.0) if fmt == "q4_0" else (0.5, 0.0)
     with np.errstate(invalid="ignore"):
-        codes = np.clip(np.trunc(v + np.float32(bias)), 0, 15)
+        codes = np.clip(np.trunc(v + np.float32(bias)), 0, 31 if fmt == "q5_1" else 15)
     return (codes - np.float32(shift)).astype(np.float32)
 
 
@@ -93,7 +104,7 @@ def encode_inputs(rng: np.random.Generator) -> np.ndarray:
     near = np.concatenate([halves, np.nextafter(halves, np.float32(np.inf)),
                            np.nextafter(halves, np.float32(-np.inf)),
                            np.float32([0.0, -0.0, 0.49999997, -0.49999997, 127.0, -128.0,
-                                       -8.5, 7.4999995, 15.4999995, -0.5])])
+                                       -8.5, 7.4999995, 15.4999995, 31.499998, 31.5, -0.5])])
     return np.concatenate([near, rng.uniform(-140, 140, 20000).astype(np.float32)])
 
 
@@ -110,7 +121,7 @@ def test_encode_rounds_as_gguf_and_clamps_when_saturating(fmt, provider, isa):
         bits = nm.encode(shaped, fmt, saturate=True)
         assert_same_bits(nm.decode(bits, fmt).reshape(-1), want + 0.0)
         biased = x + np.float32(f.code_bias) if f.code_bias else None
-        inside = ((biased > -1) & (biased < 16) if f.code_bias
+        inside = ((biased > -1) & (biased < f.max_finite - f.min_code + 1) if f.code_bias
                   else (x > -128.5) & (x < 127.5))
         if f.kpack > 1:  # both codes of a byte inside
             inside = inside.reshape(-1, 2).all(axis=1)
@@ -153,9 +164,15 @@ def test_quantize_gives_gguf_blocks_bit_for_bit(fmt, shape):
         np.testing.assert_array_equal(q.bits, blocks[:, :, 2:].reshape(n, k).T)
     else:  # GGUF: byte i of a block holds codes i and i + 16; narrowmm: rows 2r and 2r + 1
         qs = blocks[:, :, -16:]
-        codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k).T
-        np.testing.assert_array_equal(q.bits, codes[0::2] | (codes[1::2] << 4))
-    if fmt == "q4_1":
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2)
+        if fmt == "q5_1":  # bit i of the 4 bytes after d and m: code i's fifth bit
+            qh = np.ascontiguousarray(blocks[:, :, 4:8]).view("<u4")
+            codes = codes | (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+            np.testing.assert_array_equal(q.bits, codes.reshape(n, k).T)
+        else:
+            codes = codes.reshape(n, k).T
+            np.testing.assert_array_equal(q.bits, codes[0::2] | (codes[1::2] << 4))
+    if fmt in ("q4_1", "q5_1"):
         m = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[..., 0]
         assert_same_bits(q.offsets.values, m.T.astype(np.float32))
     assert_same_bits(q.decode(), gguf_values(w, fmt))
@@ -183,20 +200,23 @@ def test_quantize_refuses_what_gguf_cannot_store():
         nm.Weights.quantize(w * 1e3, "q4_0")
     with pytest.raises(ValueError, match="q4_1 stores 2 rows a byte: k must be even, got 33"):
         nm.Weights.quantize(np.ones((33, 2), np.float32), "q4_1")
+    with pytest.raises(ValueError, match="q5_1: a block's range makes a scale past fp16's"):
+        nm.Weights.quantize(w * 1e3, "q5_1")
 
 
 def random_weights(rng, fmt: str, k: int, n: int,
                    block: tuple[int, int] = (32, 1)) -> nm.Weights:
     """Any codes, with fp16-valued scales (and offsets) as a GGUF file holds them."""
-    rows = k // nm.get_format(fmt).kpack
-    q = rng.integers(0, 256, (rows, n), dtype=np.uint64).astype(np.uint8)
+    f = nm.get_format(fmt)
+    rows = k // f.kpack
+    q = rng.integers(0, 1 << (f.code_bits or 8), (rows, n), dtype=np.uint64).astype(np.uint8)
     grid = (-(-k // block[0]), -(-n // block[1]))
 
     def fp16s():
         return (rng.standard_normal(grid) * 2.0 ** rng.integers(-20, 4, grid)).astype(
             np.float16).astype(np.float32)
 
-    offsets = nm.Scales.blocks(fp16s(), block) if fmt == "q4_1" else None
+    offsets = nm.Scales.blocks(fp16s(), block) if f.offsets else None
     return nm.Weights.from_bits(q, fmt, nm.Scales.blocks(fp16s(), block), offsets)
 
 
@@ -215,7 +235,8 @@ def test_matmul_equals_the_oracle_on_every_path(fmt, isa):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_weights_are_the_formula_so_the_chain_is_the_only_other_rounding(fmt):
     """q * d and (q - 8) * d are exact in float32, and fma(q, d, m) one rounding of the exact
-    value: decode equals the formula in float64 rounded once, and a matmul with x = e_p
+    value (q * d is exact too, so d * q + m unfused, as gguf.quants computes it, is the same
+    number): decode equals the formula in float64 rounded once, and a matmul with x = e_p
     reads each weight back exactly."""
     rng = np.random.default_rng(6)
     w = random_weights(rng, fmt, 64, 40)
@@ -224,8 +245,11 @@ def test_the_weights_are_the_formula_so_the_chain_is_the_only_other_rounding(fmt
         codes = np.ascontiguousarray(codes.transpose(0, 2, 1)).reshape(64, 40)
     d = np.repeat(w.scales.values.astype(np.float64), 32, axis=0)
     exact = codes.astype(np.float64) * d
-    if fmt == "q4_1":
-        exact = exact + np.repeat(w.offsets.values.astype(np.float64), 32, axis=0)
+    if w.offsets is not None:
+        m = np.repeat(w.offsets.values.astype(np.float32), 32, axis=0)
+        unfused = (codes.astype(np.float32) * np.repeat(w.scales.values, 32, axis=0)) + m
+        assert_same_bits(unfused, (exact + m).astype(np.float32))
+        exact = exact + m
     assert_same_bits(w.decode(), exact.astype(np.float32))
     eye = np.eye(64, dtype=np.float32)
     assert_same_bits(nm.matmul(eye, w), exact.astype(np.float32) + np.float32(0.0))
@@ -281,6 +305,13 @@ def test_4bit_weights_refuse_odd_rows_blocks_and_missing_offsets():
                                          r"scales' \(2, 1\)"):
         nm.Weights.from_bits(bits, "q4_1", nm.Scales.blocks(np.ones((2, 3)), (2, 1)),
                              nm.Scales.tensor(0.0))
+    with pytest.raises(ValueError, match=r"bits\[1, 2\] = 32 is not a q5_1 code \(0 to 31\)"):
+        nm.Weights.from_bits(np.uint8([[0, 1, 31], [0, 0, 32]]), "q5_1",
+                             nm.Scales.tensor(1.0), nm.Scales.tensor(0.0))
+    with pytest.raises(ValueError, match=r"bits\[0, 1\] = 255 is not a q5_1 code"):
+        nm.TorchWeights(np.int8([[0, -1]]), "q5_1", nm.Scales.tensor(1.0), nm.Scales.tensor(0.0))
+    with pytest.raises(ValueError, match="q5_1 weights need their offsets"):
+        nm.Weights.from_bits(bits, "q5_1")
     w = nm.Weights.from_bits(bits, "q4_0")
     assert w.shape == (4, 3) and nm.TorchWeights(bits, "q4_0").shape == (2, 6)
     with pytest.raises(ValueError, match=r"x has 3 columns but the weights have k=4 rows"):
@@ -304,7 +335,7 @@ def test_torch_layer_quantizes_to_gguf_blocks(fmt):
 
 # ---- binary16 grids of scales (Format.half_scales) ------------------------------------------
 
-HALF = ["q8_0", "q4_0", "q4_1"]
+HALF = ["q8_0", "q4_0", "q4_1", "q5_1"]
 
 
 @pytest.mark.parametrize("fmt", HALF)
@@ -351,10 +382,11 @@ def test_scales_that_are_not_binary16_keep_a_float32_grid(fmt, isa):
     """A scale or offset off binary16's numbers (the exact K-type conversions' d * sc, or a
     user's own) keeps the float32 grid, and the oracle's bits."""
     rng = np.random.default_rng(9)
-    q = rng.integers(0, 256, (64 // nm.get_format(fmt).kpack, 40), dtype=np.uint8)
+    f = nm.get_format(fmt)
+    q = rng.integers(0, 1 << (f.code_bits or 8), (64 // f.kpack, 40), dtype=np.uint8)
     scales = nm.Scales.blocks(np.full((1, 40), 0.1, np.float32), (64, 1))
     offsets = nm.Scales.blocks(np.full((1, 40), 0.5, np.float32), (64, 1))
-    w = nm.Weights.from_bits(q, fmt, scales, offsets if fmt == "q4_1" else None)
+    w = nm.Weights.from_bits(q, fmt, scales, offsets if f.offsets else None)
     assert w.kernel_scales(40)[0].dtype == np.float32
     assert w.pack().kernel_scales(64)[0].dtype == np.float32
     for m in (1, 2, 5):
@@ -393,9 +425,9 @@ def test_torch_layer_keeps_its_binary16_grid_through_dtype_casts():
             assert_same_bits(layer(x).numpy(), want.numpy())
 
 
-@pytest.mark.parametrize("fmt", ["q5_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q5_0", "q4_k", "q5_k", "q6_k"])
 def test_the_bench_times_the_gguf_block_types_as_a_file_loads_them(fmt):
-    """`narrowmm bench --format q4_k` (and q5_0, q6_k) times random blocks of the GGUF type
+    """`narrowmm bench --format q4_k` (and q5_0, q5_k, q6_k) times random blocks of the GGUF type
     as load_gguf converts them: the weights it builds are GGUF's dequantized values bit for
     bit, in the narrowmm format the type runs as, and they multiply on every path."""
     from narrowmm.bench.kernels import gguf_converted_weights, random_blocks

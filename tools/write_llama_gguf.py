@@ -27,7 +27,7 @@ import numpy as np
 from narrowmm.bench.gguf_model import smollm2_path
 
 TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q4_1": gguf.GGMLQuantizationType.Q4_1,
-         "q8_0": gguf.GGMLQuantizationType.Q8_0}
+         "q5_1": gguf.GGMLQuantizationType.Q5_1, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 
 
 def copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> int:
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
                           "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+                          "q5_1": gguf.LlamaFileType.MOSTLY_Q5_1,
                           "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[args.type])
     vocab = copy_tokenizer(writer, smollm2_path())
     writer.add_vocab_size(vocab)

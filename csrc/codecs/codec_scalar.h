@@ -177,6 +177,23 @@ static inline uint8_t nm_f32_to_q8_0(float f, int saturate) {
     return (uint8_t)(int8_t)(int32_t)(((uint32_t)r ^ neg) - neg);
 }
 
+/* ---- Q5_1's codes (GGUF's Q5_1 and Q5_K, 5 bits held one a byte) ------------------- */
+
+/* code -> raw value, exact: q (then fma with the block's scale and offset). Every byte
+ * converts (the API refuses bytes past 31, so the kernels need no mask). */
+static inline float nm_q5_1_to_f32(uint8_t q) { return (float)q; }
+
+/* raw value -> code, as GGUF's quantizer rounds: trunc(v + 0.5), the sum rounded to float32
+ * first, clamped to 0..31; NaN gives 0. The API refuses NaN and, unless saturating, values
+ * whose code falls outside. */
+static inline uint8_t nm_f32_to_q5_1(float v, int saturate) {
+    (void)saturate; /* the clamp is what saturating means here (see nm_f32_to_q8_0) */
+    float f = v + 0.5f;
+    f = f > 0.0f ? f : 0.0f; /* NaN too */
+    f = f < 31.0f ? f : 31.0f;
+    return (uint8_t)f;
+}
+
 /* ---- Q4_0 and Q4_1's codes (GGUF): 4 bits, two a byte, the low nibble first --------- */
 
 /* code -> raw value, exact: Q4_0 stands for q - 8 (then times the block's scale), Q4_1 for

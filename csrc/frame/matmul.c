@@ -29,6 +29,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
     [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0, 1},     /* raw() is the int8 code itself */
     [NM_FMT_Q4_0] = {"q4_0", 1, 1, 0, 2, 0, 1},     /* raw() is q - 8 */
     [NM_FMT_Q4_1] = {"q4_1", 1, 1, 0, 2, 1, 1},     /* raw() is q, then fma with d and m */
+    [NM_FMT_Q5_1] = {"q5_1", 1, 1, 0, 1, 1, 1},     /* raw() is q, then fma with d and m */
 };
 
 /* Column ranges handed to threads are multiples of this many columns: a whole number of

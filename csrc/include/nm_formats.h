@@ -15,6 +15,7 @@ enum nm_format {
     NM_FMT_Q8_0 = 5,   /* GGUF Q8_0's int8 codes, with float32 scales (one per 32 rows) */
     NM_FMT_Q4_0 = 6,   /* GGUF Q4_0's 4-bit codes q, two rows a byte: (q - 8) * scale */
     NM_FMT_Q4_1 = 7,   /* GGUF Q4_1's 4-bit codes q, two rows a byte: fma(q, scale, offset) */
+    NM_FMT_Q5_1 = 8,   /* GGUF Q5_1's (and Q5_K's) 5-bit codes q, one a byte: fma(q, scale, offset) */
     NM_FMT_COUNT
 };
 
@@ -26,9 +27,9 @@ typedef struct nm_format_info {
     int kpack;        /* rows of the matrix one stored row holds: 2 for the 4-bit formats,
                        * whose byte (r, j) holds rows 2r (low nibble) and 2r + 1 (high) of
                        * column j; k and the scales' blocks are then multiples of it */
-    int offset;       /* the weights also carry offsets (nm_scales.o): Q4_1 */
+    int offset;       /* the weights also carry offsets (nm_scales.o): Q4_1, Q5_1 */
     int half_scales;  /* the scales (and offsets) may come as binary16 grids (nm_scales.s16):
-                       * GGUF's Q8_0, Q4_0 and Q4_1, whose d and m are binary16 in the file */
+                       * the GGUF formats, whose d and m are binary16 in the file */
 } nm_format_info;
 
 extern const nm_format_info nm_format_table[NM_FMT_COUNT];

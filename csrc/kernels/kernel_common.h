@@ -36,6 +36,8 @@ static inline float nm_load1_e4m3fn_raw(const uint8_t *p) {
 static inline float nm_load1_e5m2_raw(const uint8_t *p) { return nm_e5m2_to_f32(*p); }
 /* raw() of one Q8_0 weight: its int8 code, exactly */
 static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(*p); }
+/* raw() of one Q5_1 weight: its code, a byte, exactly (then fma with the scale and offset) */
+static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(*p); }
 
 /* The binary16 bits of raw() of a finite e4m3fn code, from its byte sign-extended to 16
  * bits, x: x << 7 puts the 7 magnitude bits in a binary16's exponent and mantissa fields
@@ -47,12 +49,16 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 #define NM_E4M3FN_FP16_MASK 0xBF80u
 
 /* Scales (nm_kernels.h): every template below takes two operations that apply the scales
- * of the columns at sp to decoded weights, SCV(w, sp) on a vector of them and SC1(x, sp) on
- * one: NM_UNSCALED for formats without scales (sp is never evaluated: it may be NULL), and
- * for scaled ones the row's vector multiplication and NM_SCALE1. */
-#define NM_UNSCALED(w, sp) (w)
-#define NM_SCALE1(x, sp) ((x) * *(sp))
-#define NM_SCALE1_HALF(x, sp) ((x) * nm_fp16_to_f32(*(sp))) /* a binary16 scale, widened */
+ * of the columns at sp (and their offsets at op) to decoded weights, SCV(w, sp, op) on a
+ * vector of them and SC1(x, sp, op) on one: NM_UNSCALED for formats without scales (sp
+ * and op are never evaluated: they may be NULL), for scaled ones the row's vector
+ * multiplication and NM_SCALE1, and for a format with offsets (Q5_1) fma(w, scale, offset),
+ * the row's and NM_OFFSET1 (op is unused by the others: it may be NULL + j). */
+#define NM_UNSCALED(w, sp, op) (w)
+#define NM_SCALE1(x, sp, op) ((x) * *(sp))
+#define NM_SCALE1_HALF(x, sp, op) ((x) * nm_fp16_to_f32(*(sp))) /* a binary16 scale, widened */
+#define NM_OFFSET1(x, sp, op) fmaf((x), *(sp), *(op))
+#define NM_OFFSET1_HALF(x, sp, op) fmaf((x), nm_fp16_to_f32(*(sp)), nm_fp16_to_f32(*(op)))
 
 /* Packing, written once for every row from its vector load (L lanes; L = 1 for portable C):
  * each row of each nr-wide sliver takes whole vectors while they fit, then single weights,
@@ -73,8 +79,9 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
                 float *out = sliver + p * nr;                                                \
                 int64_t j = 0;                                                               \
                 for (; j + (L) <= w; j += (L))                                               \
-                    STOREF(out + j, SCV(LOADW(src + (ITEM) * j), s + j0 + j));               \
-                for (; j < w; ++j) out[j] = SC1(LOAD1(src + (ITEM) * j), s + j0 + j);        \
+                    STOREF(out + j, SCV(LOADW(src + (ITEM) * j), s + j0 + j, o + j0 + j));   \
+                for (; j < w; ++j)                                                           \
+                    out[j] = SC1(LOAD1(src + (ITEM) * j), s + j0 + j, o + j0 + j);           \
                 for (; j < nr; ++j) out[j] = 0.0f;                                           \
             }                                                                                \
         }                                                                                    \
@@ -82,14 +89,14 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
 
 /* The columns j..n-1 a vector gemv step leaves over: rows b0..b3 (weights a[p..p+3]), one
  * fmaf per row, in order. */
-#define NM_GEMV_TAIL4(ITEM, LOAD1, SC1, a, p, b0, b1, b2, b3, c, s, j, n)                    \
+#define NM_GEMV_TAIL4(ITEM, LOAD1, SC1, a, p, b0, b1, b2, b3, c, s, o, j, n)                 \
     for (; (j) < (n); ++(j)) {                                                               \
-        const int64_t o_ = (ITEM) * (j);                                                     \
+        const int64_t at_ = (ITEM) * (j);                                                    \
         float c_ = (c)[j];                                                                   \
-        c_ = fmaf((a)[p], SC1(LOAD1((b0) + o_), (s) + (j)), c_);                             \
-        c_ = fmaf((a)[(p) + 1], SC1(LOAD1((b1) + o_), (s) + (j)), c_);                       \
-        c_ = fmaf((a)[(p) + 2], SC1(LOAD1((b2) + o_), (s) + (j)), c_);                       \
-        c_ = fmaf((a)[(p) + 3], SC1(LOAD1((b3) + o_), (s) + (j)), c_);                       \
+        c_ = fmaf((a)[p], SC1(LOAD1((b0) + at_), (s) + (j), (o) + (j)), c_);                 \
+        c_ = fmaf((a)[(p) + 1], SC1(LOAD1((b1) + at_), (s) + (j), (o) + (j)), c_);           \
+        c_ = fmaf((a)[(p) + 2], SC1(LOAD1((b2) + at_), (s) + (j), (o) + (j)), c_);           \
+        c_ = fmaf((a)[(p) + 3], SC1(LOAD1((b3) + at_), (s) + (j), (o) + (j)), c_);           \
         (c)[j] = c_;                                                                         \
     }
 
@@ -104,12 +111,13 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  *   FMA(acc, x, y)    acc + x * y with one rounding
  *   PREFETCH(p)       a hint for byte address p (may be a no-op; never faults)
  *   SCV, SC1          the scales (see above) */
-/* one row of B (at bq, vectors w bytes apart, their scales at sq, L floats apart) times x,
- * into the four accumulators */
-#define NM_GEMV_ROW4_(FMA, LOADW, SCV, bq, w, sq, x)                                         \
-    (c0 = FMA(c0, x, SCV(LOADW(bq), sq)), c1 = FMA(c1, x, SCV(LOADW((bq) + (w)), (sq) + L_)),  \
-     c2 = FMA(c2, x, SCV(LOADW((bq) + 2 * (w)), (sq) + 2 * L_)),                             \
-     c3 = FMA(c3, x, SCV(LOADW((bq) + 3 * (w)), (sq) + 3 * L_)))
+/* one row of B (at bq, vectors w bytes apart, their scales at sq and offsets at oq, L
+ * floats apart) times x, into the four accumulators */
+#define NM_GEMV_ROW4_(FMA, LOADW, SCV, bq, w, sq, oq, x)                                     \
+    (c0 = FMA(c0, x, SCV(LOADW(bq), sq, oq)),                                                \
+     c1 = FMA(c1, x, SCV(LOADW((bq) + (w)), (sq) + L_, (oq) + L_)),                          \
+     c2 = FMA(c2, x, SCV(LOADW((bq) + 2 * (w)), (sq) + 2 * L_, (oq) + 2 * L_)),              \
+     c3 = FMA(c3, x, SCV(LOADW((bq) + 3 * (w)), (sq) + 3 * L_, (oq) + 3 * L_)))
 
 #define NM_DEFINE_GEMV_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,     \
                             LOAD1, SCV, SC1)                                                 \
@@ -126,34 +134,36 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
             for (; j + 4 * (L) <= n; j += 4 * (L)) {                                         \
                 VEC c0 = LOADC(c + j), c1 = LOADC(c + j + (L));                              \
                 VEC c2 = LOADC(c + j + 2 * (L)), c3 = LOADC(c + j + 3 * (L));                \
-                const int64_t o = (ITEM) * j, w = (ITEM) * (L);                              \
+                const int64_t at = (ITEM) * j, w = (ITEM) * (L);                             \
                 for (int64_t q = 4; q < 8; ++q) /* the next group's rows, same columns */    \
-                    for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b0 + q * ldb + o + l);  \
-                NM_GEMV_ROW4_(FMA, LOADW, SCV, b0 + o, w, s + j, a0);                        \
-                NM_GEMV_ROW4_(FMA, LOADW, SCV, b1 + o, w, s + j, a1);                        \
-                NM_GEMV_ROW4_(FMA, LOADW, SCV, b2 + o, w, s + j, a2);                        \
-                NM_GEMV_ROW4_(FMA, LOADW, SCV, b3 + o, w, s + j, a3);                        \
+                    for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b0 + q * ldb + at + l); \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b0 + at, w, s + j, o + j, a0);                \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b1 + at, w, s + j, o + j, a1);                \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b2 + at, w, s + j, o + j, a2);                \
+                NM_GEMV_ROW4_(FMA, LOADW, SCV, b3 + at, w, s + j, o + j, a3);                \
                 STOREC(c + j, c0), STOREC(c + j + (L), c1);                                  \
                 STOREC(c + j + 2 * (L), c2), STOREC(c + j + 3 * (L), c3);                    \
             }                                                                                \
             for (; j + (L) <= n; j += (L)) {                                                 \
-                const int64_t o = (ITEM) * j;                                                \
+                const int64_t at = (ITEM) * j;                                               \
                 VEC c0 = LOADC(c + j);                                                       \
-                c0 = FMA(c0, a0, SCV(LOADW(b0 + o), s + j));                                 \
-                c0 = FMA(c0, a1, SCV(LOADW(b1 + o), s + j));                                 \
-                c0 = FMA(c0, a2, SCV(LOADW(b2 + o), s + j));                                 \
-                c0 = FMA(c0, a3, SCV(LOADW(b3 + o), s + j));                                 \
+                c0 = FMA(c0, a0, SCV(LOADW(b0 + at), s + j, o + j));                         \
+                c0 = FMA(c0, a1, SCV(LOADW(b1 + at), s + j, o + j));                         \
+                c0 = FMA(c0, a2, SCV(LOADW(b2 + at), s + j, o + j));                         \
+                c0 = FMA(c0, a3, SCV(LOADW(b3 + at), s + j, o + j));                         \
                 STOREC(c + j, c0);                                                           \
             }                                                                                \
-            NM_GEMV_TAIL4(ITEM, LOAD1, SC1, a, p, b0, b1, b2, b3, c, s, j, n)                \
+            NM_GEMV_TAIL4(ITEM, LOAD1, SC1, a, p, b0, b1, b2, b3, c, s, o, j, n)             \
         }                                                                                    \
         for (; p < k; ++p) {                                                                 \
             const VEC a0 = SET1(a[p]);                                                       \
             const uint8_t *b0 = b + p * ldb;                                                 \
             int64_t j = 0;                                                                   \
             for (; j + (L) <= n; j += (L))                                                   \
-                STOREC(c + j, FMA(LOADC(c + j), a0, SCV(LOADW(b0 + (ITEM) * j), s + j)));    \
-            for (; j < n; ++j) c[j] = fmaf(a[p], SC1(LOAD1(b0 + (ITEM) * j), s + j), c[j]);  \
+                STOREC(c + j,                                                                \
+                       FMA(LOADC(c + j), a0, SCV(LOADW(b0 + (ITEM) * j), s + j, o + j)));    \
+            for (; j < n; ++j)                                                               \
+                c[j] = fmaf(a[p], SC1(LOAD1(b0 + (ITEM) * j), s + j, o + j), c[j]);          \
         }                                                                                    \
     }
 
@@ -164,22 +174,23 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
  * for the two rows; 8 accumulators and 6 broadcasts leave a register for the weights on a
  * 16-register ISA (four rows of B a step would not). Single vectors, then scalar fmaf, take
  * the columns left over, and single rows of B the last k % 3. */
-#define NM_GEMV2_ROW_(FMA, LOADW, SCV, bq, w, sq, s, t)                                      \
-    (w_ = SCV(LOADW(bq), sq), x0 = FMA(x0, s, w_), y0 = FMA(y0, t, w_),                      \
-     w_ = SCV(LOADW((bq) + (w)), (sq) + L_), x1 = FMA(x1, s, w_), y1 = FMA(y1, t, w_),       \
-     w_ = SCV(LOADW((bq) + 2 * (w)), (sq) + 2 * L_), x2 = FMA(x2, s, w_),                    \
-     y2 = FMA(y2, t, w_), w_ = SCV(LOADW((bq) + 3 * (w)), (sq) + 3 * L_),                    \
-     x3 = FMA(x3, s, w_), y3 = FMA(y3, t, w_))
+#define NM_GEMV2_ROW_(FMA, LOADW, SCV, bq, w, sq, oq, s, t)                                  \
+    (w_ = SCV(LOADW(bq), sq, oq), x0 = FMA(x0, s, w_), y0 = FMA(y0, t, w_),                  \
+     w_ = SCV(LOADW((bq) + (w)), (sq) + L_, (oq) + L_), x1 = FMA(x1, s, w_),                 \
+     y1 = FMA(y1, t, w_), w_ = SCV(LOADW((bq) + 2 * (w)), (sq) + 2 * L_, (oq) + 2 * L_),     \
+     x2 = FMA(x2, s, w_), y2 = FMA(y2, t, w_),                                               \
+     w_ = SCV(LOADW((bq) + 3 * (w)), (sq) + 3 * L_, (oq) + 3 * L_), x3 = FMA(x3, s, w_),     \
+     y3 = FMA(y3, t, w_))
 
 #define NM_DEFINE_GEMV2_SIMD(NAME, ITEM, VEC, L, SET1, LOADC, STOREC, LOADW, FMA, PREFETCH,    \
                              LOAD1, SCV, SC1)                                                \
     static inline void NAME##_rows_(int64_t rows, int64_t n, const float *a, const float *a1, \
                                     const uint8_t *b, int64_t ldb, float *c, float *c1,     \
-                                    const float *sc) {                                       \
+                                    const float *sc, const float *oc) {                      \
         /* rows (1 or 3, a constant once inlined) rows of B from b, weights a[0..rows) and   \
          * a1[0..rows) */                                                                    \
         enum { L_ = (L) };                                                                   \
-        (void)sc;                                                                            \
+        (void)sc, (void)oc;                                                                  \
         VEC s[3], t[3];                                                                      \
         _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) s[q] = SET1(a[q]),        \
                                                                    t[q] = SET1(a1[q]);       \
@@ -190,10 +201,12 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
             VEC y0 = LOADC(c1 + j), y1 = LOADC(c1 + j + (L));                                \
             VEC y2 = LOADC(c1 + j + 2 * (L)), y3 = LOADC(c1 + j + 3 * (L));                  \
             VEC w_;                                                                          \
-            const int64_t o = (ITEM) * j, w = (ITEM) * (L);                                  \
+            const int64_t at = (ITEM) * j, w = (ITEM) * (L);                                 \
             _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) { /* + next rows' */ \
-                for (int64_t l = 0; l < 4 * w; l += 64) PREFETCH(b + (rows + q) * ldb + o + l); \
-                NM_GEMV2_ROW_(FMA, LOADW, SCV, b + q * ldb + o, w, sc + j, s[q], t[q]);     \
+                for (int64_t l = 0; l < 4 * w; l += 64)                                      \
+                    PREFETCH(b + (rows + q) * ldb + at + l);                                 \
+                NM_GEMV2_ROW_(FMA, LOADW, SCV, b + q * ldb + at, w, sc + j, oc + j, s[q],    \
+                              t[q]);                                                         \
             }                                                                                \
             STOREC(c + j, x0), STOREC(c + j + (L), x1);                                      \
             STOREC(c + j + 2 * (L), x2), STOREC(c + j + 3 * (L), x3);                        \
@@ -203,7 +216,7 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         for (; j + (L) <= n; j += (L)) {                                                     \
             VEC x0 = LOADC(c + j), y0 = LOADC(c1 + j);                                       \
             _Pragma("GCC unroll 3") for (int64_t q = 0; q < rows; ++q) {                     \
-                const VEC w_ = SCV(LOADW(b + q * ldb + (ITEM) * j), sc + j);                 \
+                const VEC w_ = SCV(LOADW(b + q * ldb + (ITEM) * j), sc + j, oc + j);         \
                 x0 = FMA(x0, s[q], w_), y0 = FMA(y0, t[q], w_);                              \
             }                                                                                \
             STOREC(c + j, x0), STOREC(c1 + j, y0);                                           \
@@ -211,7 +224,7 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
         for (; j < n; ++j) {                                                                 \
             float x_ = c[j], y_ = c1[j];                                                     \
             for (int64_t q = 0; q < rows; ++q) {                                             \
-                const float w_ = SC1(LOAD1(b + q * ldb + (ITEM) * j), sc + j);               \
+                const float w_ = SC1(LOAD1(b + q * ldb + (ITEM) * j), sc + j, oc + j);       \
                 x_ = fmaf(a[q], w_, x_), y_ = fmaf(a1[q], w_, y_);                           \
             }                                                                                \
             c[j] = x_, c1[j] = y_;                                                           \
@@ -219,12 +232,11 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     }                                                                                        \
     static void NAME(int64_t k, int64_t n, const float *a, int64_t lda, const uint8_t *b,    \
                      int64_t ldb, float *c, int64_t ldc, const float *s, const float *o) {   \
-        (void)o;                                                                             \
         int64_t p = 0;                                                                       \
         for (; p + 3 <= k; p += 3)                                                           \
-            NAME##_rows_(3, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s);         \
+            NAME##_rows_(3, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s, o);      \
         for (; p < k; ++p)                                                                   \
-            NAME##_rows_(1, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s);         \
+            NAME##_rows_(1, n, a + p, a + lda + p, b + p * ldb, ldb, c, c + ldc, s, o);      \
     }
 
 /* Both row-major gemvs for the six formats of a SIMD row, and the finite-weights variants
@@ -285,25 +297,28 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
                                 LOADW, FMA, SCV)                                             \
     static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
                             const uint8_t *b, float *c, int64_t ldc, const ST *s,           \
-                            int64_t bk, int64_t lds) {                                       \
+                            const ST *o, int64_t bk, int64_t lds) {                          \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t sliver_ = ks * (NRW) * (ITEM);                                         \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block of scales */         \
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
             acc_[i_] = LOADC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L));  \
-        /* s steps to the next block's scales as the rows reach it (NULL: unscaled; never   \
-         * past the last block, not even as an unread pointer) */                            \
-        for (int64_t p0_ = 0; p0_ < k; p0_ += block_, s = s && p0_ < k ? s + lds : s) {      \
+        /* s (and o) step to the next block's scales as the rows reach it (NULL: unscaled;  \
+         * never past the last block, not even as an unread pointer) */                      \
+        for (int64_t p0_ = 0; p0_ < k; p0_ += block_, s = s && p0_ < k ? s + lds : s,        \
+                     o = o && p0_ < k ? o + lds : o) {                                       \
             for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
                 const uint8_t *row_ = b + p * (NRW) * (ITEM);                                \
                 VEC ap_[RR];                                                                 \
                 _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =          \
                     SET1(a[r_ * lda + p]);                                                   \
                 _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
+                    const int64_t col_ = w_ / V_ * (NRW) + (w_ % V_) * (L);                  \
+                    (void)col_; /* unscaled formats read no scales */                        \
                     const VEC wv_ =                                                          \
                         SCV(LOADW(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L) * (ITEM)),      \
-                            s + w_ / V_ * (NRW) + (w_ % V_) * (L));                          \
+                            s + col_, o + col_);                                             \
                     _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                \
                         acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ap_[r_], wv_);          \
                 }                                                                            \
@@ -314,19 +329,23 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     }
 
 /* The walk over n columns shared by both: G-sliver groups, single slivers, the padded tail. */
-#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, bk, lds) \
+#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, o, bk,   \
+                             lds)                                                            \
     do {                                                                                     \
         const int64_t sliver = (ks) * (NRW) * (ITEM);                                        \
         int64_t j = 0;                                                                       \
         for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
-            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL, bk, lds);   \
+            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL,             \
+                          (o) ? (o) + j : NULL, bk, lds);                                    \
         for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
-            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL, bk, lds);     \
+            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL,               \
+                        (o) ? (o) + j : NULL, bk, lds);                                      \
         if (j < (n)) {                                                                       \
             _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
             const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
             for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
-            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) ? (s) + j : NULL, bk, lds);         \
+            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) ? (s) + j : NULL,                   \
+                        (o) ? (o) + j : NULL, bk, lds);                                      \
             for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
     } while (0)
@@ -339,8 +358,7 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, const uint8_t *b,     \
                      float *c, const ST *s, const ST *o, int64_t bk, int64_t lds) {          \
-        (void)o;                                                                             \
-        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s, bk, lds);    \
+        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s, o, bk, lds); \
     }
 
 /* m == 2: G2 slivers at a time, chosen so that 2 x G2 x NRW/L accumulators fit the row's
@@ -354,8 +372,8 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, int64_t lda,          \
                      const uint8_t *b, float *c, int64_t ldc, const ST *s, const ST *o,      \
                      int64_t bk, int64_t lds) {                                              \
-        (void)o;                                                                             \
-        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, bk, lds); \
+        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, o, bk,  \
+                             lds);                                                           \
     }
 
 /* Both packed gemvs for the six formats of a row and the finite variants, named
@@ -402,6 +420,28 @@ static inline float nm_load1_q8_0_raw(const uint8_t *p) { return nm_q8_0_to_f32(
                           SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)                          \
     NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G28,      \
                            SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)
+
+/* Q5_1 (GGUF's Q5_1 and Q5_K, one code a byte; nm_formats.h): every slot but the first
+ * tile, from the same templates as the 8-bit formats, each weight fma(q, scale, offset) with
+ * one rounding. LOADU8: L unsigned bytes as float32 (exact); OFFSETV its scale and offset
+ * (SCV with op), OFFSETH the same on binary16 grids; G8, G28: slivers at a time for one row
+ * and two, as for Q8_0. */
+#define NM_DEFINE_Q5_1_FORMAT(ISA, VEC, L, NRW, G8, G28, SET1, LOADC, STOREC, LOADU8, FMA,   \
+                              PREFETCH, OFFSETV, OFFSETH)                                    \
+    NM_DEFINE_GEMV_SIMD(gemv_q5_1_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADU8, FMA,        \
+                        PREFETCH, nm_load1_q5_1_raw, OFFSETV, NM_OFFSET1)                    \
+    NM_DEFINE_GEMV2_SIMD(gemv2_q5_1_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADU8, FMA,      \
+                         PREFETCH, nm_load1_q5_1_raw, OFFSETV, NM_OFFSET1)                   \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_q5_1_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,    \
+                          STOREC, LOADU8, FMA, OFFSETV)                                      \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q5_1_##ISA, float, 1, VEC, L, NRW, G28, SET1,        \
+                           LOADC, STOREC, LOADU8, FMA, OFFSETV)                              \
+    NM_DEFINE_GEMV_PACKED(gemv_packed_q5_1_half_##ISA, uint16_t, 1, VEC, L, NRW, G8,         \
+                          SET1, LOADC, STOREC, LOADU8, FMA, OFFSETH)                         \
+    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q5_1_half_##ISA, uint16_t, 1, VEC, L, NRW, G28,      \
+                           SET1, LOADC, STOREC, LOADU8, FMA, OFFSETH)                        \
+    NM_DEFINE_PACK(pack_q5_1_##ISA, 1, L, LOADU8, STOREC, nm_load1_q5_1_raw, OFFSETV,        \
+                   NM_OFFSET1)
 
 /* An edge tile (mr < MR or nr < NR, the including row's tile) runs on a full-size scratch
  * copy of its C, so only mr x nr of C is touched; packed A's rows past mr are zero and their

@@ -17,9 +17,11 @@
 #include <stdint.h>
 #include "nm_formats.h"
 
-/* Scales. A format with scales (nm_format_info.scaled: the FP8 formats) multiplies each
- * decoded weight by a float32 scale before it enters the chain, one rounding:
+/* Scales. A format with scales (nm_format_info.scaled: FP8, the GGUF formats) multiplies
+ * each decoded weight by a float32 scale before it enters the chain, one rounding:
  *     w[p][j] = fl32(decode(B[p][j]) * scale[j])
+ * or, for a format with offsets (nm_format_info.offset: Q4_1, Q5_1), adds the column's
+ * offset o[j] in the same rounding: w[p][j] = fma(decode(B[p][j]), scale[j], o[j]).
  * Every slot below takes `s`, the scales of the columns it is given (s[j] for column j of the
  * call, j counted like c's), the same for every row p of the call: the frame splits k where
  * a block of scales ends (nm_matmul), except for the packed gemvs, which take the blocks'
@@ -205,7 +207,8 @@ typedef struct nm_isa_kernels {
 
 /* Every format of a matmul slot from functions named <slot>_<format>_<isa>, e.g.
  * NM_SET_MATMUL_SLOTS(row, gemv, avx2) sets gemv_f32_avx2, gemv_fp16_avx2, gemv_bf16_avx2,
- * gemv_e4m3fn_avx2, gemv_e5m2_avx2 and gemv_q8_0_avx2. */
+ * gemv_e4m3fn_avx2, gemv_e5m2_avx2, gemv_q8_0_avx2, gemv_q4_0_avx2, gemv_q4_1_avx2 and
+ * gemv_q5_1_avx2. */
 #define NM_SET_MATMUL_SLOTS(row, slot, isa)                                                  \
     (NM_SET_SLOT(row, slot, NM_FMT_F32, slot##_f32_##isa),                                   \
      NM_SET_SLOT(row, slot, NM_FMT_FP16, slot##_fp16_##isa),                                 \
@@ -214,7 +217,8 @@ typedef struct nm_isa_kernels {
      NM_SET_SLOT(row, slot, NM_FMT_E5M2, slot##_e5m2_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_Q8_0, slot##_q8_0_##isa),                                 \
      NM_SET_SLOT(row, slot, NM_FMT_Q4_0, slot##_q4_0_##isa),                                 \
-     NM_SET_SLOT(row, slot, NM_FMT_Q4_1, slot##_q4_1_##isa))
+     NM_SET_SLOT(row, slot, NM_FMT_Q4_1, slot##_q4_1_##isa),                                 \
+     NM_SET_SLOT(row, slot, NM_FMT_Q5_1, slot##_q5_1_##isa))
 
 /* The binary16-scale packed gemvs of the GGUF formats, named <slot>_<format>_half_<isa>. */
 #define NM_SET_HALF_SCALE_SLOTS(row, isa)                                                    \
@@ -223,7 +227,9 @@ typedef struct nm_isa_kernels {
      NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_0, gemv_packed_q4_0_half_##isa),           \
      NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_1, gemv_packed_q4_1_half_##isa),           \
      NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_0, gemv2_packed_q4_0_half_##isa),         \
-     NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_1, gemv2_packed_q4_1_half_##isa))
+     NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_1, gemv2_packed_q4_1_half_##isa),         \
+     NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q5_1, gemv_packed_q5_1_half_##isa),           \
+     NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q5_1, gemv2_packed_q5_1_half_##isa))
 
 /* The finite-weights slots (NM_SLOT_*_FINITE) from <slot>_<format>_finite_<isa>. */
 #define NM_SET_FINITE_SLOTS(row, slot, isa)                                                  \

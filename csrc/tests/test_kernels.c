@@ -69,8 +69,9 @@ static void *xmalloc(size_t n) {
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
-/* The 8-bit formats: 256 codes each, with scales. */
-static const int FORMATS8[] = {NM_FMT_E4M3FN, NM_FMT_E5M2, NM_FMT_Q8_0};
+/* The 8-bit formats: 256 codes each, with scales (and Q5_1 offsets; its API refuses the
+ * bytes past 31, the kernels still take every byte exactly). */
+static const int FORMATS8[] = {NM_FMT_E4M3FN, NM_FMT_E5M2, NM_FMT_Q8_0, NM_FMT_Q5_1};
 
 /* The magnitude bits every NaN/Inf code of an 8-bit format has, or 0 for a format whose
  * codes are all finite (Q8_0's integers). */
@@ -151,15 +152,19 @@ static void test_codecs(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
 /* ---- the kernel sweep: all patterns times 1.0 into a zeroed C ----------------------- */
 
 /* FP8: each of the 256 patterns in every column position of a 2-row B under 4 scales
- * (columns of one scale each), so weight (p, j) is fl32(decode * s[j]); a = (1, 1) sums
+ * (columns of one scale each), so weight (p, j) is fl32(decode * s[j]) (Q5_1:
+ * fma(decode, s[j], o[j]), with 4 offsets, one of them rounding off most of each weight);
+ * a = (1, 1) sums
  * the two rows' weights with two fmas, the gemvs (m = 1, 2), the tiles (m = 4, a row's
  * half-height tile where it has one; m = 5) and the packed layout each checked against that
  * sum in float. */
 static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     enum { N = 1024, K = 2 };
     static const float scales[4] = {1.0f, 0.0078125f, 3.3f, 1e-38f};
+    static const float offsets[4] = {0.0f, -1.5f, 0.1f, 1e30f};
     uint8_t q[256], *b = xmalloc(K * N + 1), *bpk;
     float dec[256], *sc = xmalloc(4 * N + 4 * 64), *want = xmalloc(4 * N);
+    float *of = xmalloc(4 * N + 4 * 64);
     const float a[5 * K] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     float *c = xmalloc(5 * 4 * N);
     const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr;
@@ -170,6 +175,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
         ref->decode8[fmt](q, dec, 256);
         const float two_r = ldexpf(1.0f, nm_format_table[fmt].scale_exponent);
         const uint8_t special = special_bits(fmt);
+        const int with_offsets = nm_format_table[fmt].offset;
         /* every code on the exact kernels, then the finite codes (the others replaced by
          * zero) on the finite-weights kernels */
         for (int finite = 0; finite < 2; ++finite) {
@@ -178,16 +184,20 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
                 if (finite && special && (q0 & special) == special) q0 = 0;
                 if (finite && special && (q1 & special) == special) q1 = 0;
                 b[1 + j] = q0, b[1 + N + j] = q1;
-                const float s = scales[j / 256];
+                const float s = scales[j / 256], o = with_offsets ? offsets[j / 256] : 0.0f;
                 sc[j] = s * two_r; /* the kernels' form */
-                want[j] = fmaf(1.0f, dec[q1] * s, fmaf(1.0f, dec[q0] * s, 0.0f));
+                of[j] = o;
+                const float w0 = with_offsets ? fmaf(dec[q0], s, o) : dec[q0] * s;
+                const float w1 = with_offsets ? fmaf(dec[q1], s, o) : dec[q1] * s;
+                want[j] = fmaf(1.0f, w1, fmaf(1.0f, w0, 0.0f));
             }
-            for (int64_t j = N; j < ld; ++j) sc[j] = 1.0f;
+            for (int64_t j = N; j < ld; ++j) sc[j] = 1.0f, of[j] = 0.0f;
             memset(bpk, 0, (size_t)(ld * K));
             for (int64_t j = 0; j < N; ++j)
                 for (int p = 0; p < K; ++p)
                     bpk[((j / nr) * K + p) * nr + j % nr] = b[1 + p * N + j];
-            const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite};
+            const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite,
+                                   .o = with_offsets ? of : NULL};
             static const int64_t ms[] = {1, 2, 4, 5};
             for (int packed = 0; packed < 2; ++packed)
                 for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; ++mi) {
@@ -205,7 +215,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
                 }
         }
     }
-    free(b), free(bpk), free(sc), free(want), free(c);
+    free(b), free(bpk), free(sc), free(of), free(want), free(c);
 }
 
 /* The 4-bit formats: each of the 256 bytes (two codes) in every column position of one
@@ -365,11 +375,14 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
                 memcpy(bpk + (((j / nr) * K + p) * nr + j % nr) * item, src, (size_t)item);
             }
         float *sc = xmalloc((size_t)ld * 4), *c = xmalloc((size_t)(5 * n) * 4);
+        float *of = xmalloc((size_t)ld * 4); /* zero offsets (Q5_1): fma(q, 1, 0) is q */
         for (int64_t j = 0; j < ld; ++j) sc[j] = ldexpf(1.0f, nm_format_table[fmt].scale_exponent);
+        memset(of, 0, (size_t)ld * 4);
         const float a[5 * K] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
         static const int64_t ms[] = {1, 2, 4, 5};
         for (int finite = 0; finite <= scaled; ++finite) {
-            const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite};
+            const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite,
+                                   .o = nm_format_table[fmt].offset ? of : NULL};
             for (int packed = 0; packed < 2; ++packed)
                 for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; ++mi) {
                     const int64_t m = ms[mi];
@@ -390,7 +403,7 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
                            (long long)n);
                 }
         }
-        free(q), free(dec), free(b), free(bpk), free(sc), free(c);
+        free(q), free(dec), free(b), free(bpk), free(sc), free(of), free(c);
     }
     nm_set_num_threads(threads);
 }
@@ -450,9 +463,10 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
             if ((next_u64() & 255) == 0) v = (next_u64() & 1) ? INFINITY : 1e-40f;
             if (fmt == NM_FMT_F32) {
                 memcpy(b + p * ldb + 4 * j, &v, 4);
-            } else if (fmt == NM_FMT_Q8_0 || kpack > 1) { /* any code: small values would
-                                                            round to 0, +-1 */
-                if (p < stored) b[p * ldb + j] = (uint8_t)next_u64();
+            } else if (fmt == NM_FMT_Q8_0 || fmt == NM_FMT_Q5_1 || kpack > 1) { /* any code:
+                                                   small values would round to 0, +-1 */
+                if (p < stored)
+                    b[p * ldb + j] = (uint8_t)(next_u64() & (fmt == NM_FMT_Q5_1 ? 31u : 255u));
             } else if (itemsize == 1) {
                 ref->encode8[fmt](&v, b + p * ldb + j, 1, 0);
             } else {

@@ -31,10 +31,16 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(np.uint32)[~nan_a], b.view(np.uint32)[~nan_b]))
 
 
-def _all_codes(fmt: str) -> np.ndarray:
-    """Every bit pattern of the format: 65,536 for the 16-bit ones, 256 for FP8."""
+def _code_count(fmt: str) -> int:
+    """How many stored patterns the format has: 65,536 for the 16-bit ones, 256 for the
+    8-bit ones, 32 for Q5_1 (a byte past 31 is no code)."""
     f = FORMATS[fmt]
-    return np.arange(1 << (8 * f.itemsize), dtype=np.uint32).astype(f.storage)
+    return 1 << (f.code_bits or 8 * f.itemsize)
+
+
+def _all_codes(fmt: str) -> np.ndarray:
+    """Every bit pattern of the format (:func:`_code_count` of them)."""
+    return np.arange(_code_count(fmt), dtype=np.uint32).astype(FORMATS[fmt].storage)
 
 
 def _decode_sweep(fmt: str) -> str | None:
@@ -122,7 +128,7 @@ def checks() -> list[tuple[str, Callable[[], str | None]]]:
         return [("native core loads", lambda: "narrowmm._core did not load")]
     for isa in supported_isas():
         for fmt in (f.name for f in FORMATS.values() if f.has_codec):
-            codes = f"{1 << (8 * FORMATS[fmt].itemsize):,}"
+            codes = f"{_code_count(fmt):,}"
             items.append((f"[{isa}] decode {fmt}: all {codes} patterns",
                           _on_row(isa, lambda f=fmt: _decode_sweep(f))))
             items.append((f"[{isa}] encode {fmt}: edge and random values",

@@ -18,7 +18,7 @@ def _codec_format(format: str | Format) -> Format:
 
 def encode(values: np.ndarray, format: str | Format, *, saturate: bool = False) -> np.ndarray:
     """Round float32 ``values`` to ``format`` (nearest even) and return the bits: uint16 for
-    fp16/bf16, uint8 for e4m3fn/e5m2/q8_0.
+    fp16/bf16, uint8 for the 8-bit formats.
 
     Tiny values underflow gradually through subnormals. Overflow gives +-Inf, except in
     e4m3fn, which has none: there it gives NaN (ml_dtypes' rule). ``saturate=True`` (the
@@ -27,7 +27,8 @@ def encode(values: np.ndarray, format: str | Format, *, saturate: bool = False) 
     bits). An integer format rounds as GGUF does (no scale applied here): ``q8_0`` halves
     away from zero to -128..127; ``q4_0`` and ``q4_1`` to ``trunc(v + 8.5) - 8`` and
     ``trunc(v + 0.5)``, the sum in float32, within 16 codes, two a byte: their values' last
-    axis is 2 (the low nibble first) and the bits drop it. A NaN, or a value outside the
+    axis is 2 (the low nibble first) and the bits drop it; ``q5_1`` to ``trunc(v + 0.5)``
+    within 32 codes, one a byte. A NaN, or a value outside the
     codes without ``saturate``, raises ValueError. Any shape; the result has the same
     shape. docs/contracts.md lists each format's rules.
     """
@@ -69,11 +70,24 @@ def _check_integer_range(a: np.ndarray, fmt: Format, saturate: bool) -> None:
                          f"as {fmt.name}: {why}{hint}")
 
 
+def check_codes(bits: np.ndarray, fmt: Format, what: str = "bits") -> None:
+    """A format whose codes use only some bits of a byte (``Format.code_bits``: Q5_1)
+    refuses a byte past its largest code, naming where it is and its value."""
+    if fmt.code_bits and bits.size:
+        u = bits.view(np.uint8)
+        bad = (u >> fmt.code_bits) != 0
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{what}[{', '.join(map(str, where))}] = {int(u[where])} is "
+                             f"not a {fmt.name} code (0 to {(1 << fmt.code_bits) - 1})")
+
+
 def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
     """Exact float32 values of bit patterns in ``format`` (uint16 for fp16/bf16, uint8 for
-    e4m3fn/e5m2/q8_0/q4_0/q4_1: the integer a code stands for, for the GGUF formats, and
-    for the 4-bit ones a last axis of 2, the low nibble first); NaNs come back quiet.
-    Scales are not applied here (see :meth:`Weights.decode`)."""
+    e4m3fn/e5m2/q8_0/q4_0/q4_1/q5_1: the integer a code stands for, for the GGUF formats,
+    and for the 4-bit ones a last axis of 2, the low nibble first); NaNs come back quiet.
+    Scales are not applied here (see :meth:`Weights.decode`). A q5_1 byte past 31 is not a
+    code: ValueError."""
     fmt = _codec_format(format)
     want = "uint16 (or int16/float16)" if fmt.itemsize == 2 else "uint8 (or int8)"
     if not isinstance(bits, np.ndarray):
@@ -82,5 +96,6 @@ def decode(bits: np.ndarray, format: str | Format) -> np.ndarray:
             or bits.dtype.kind not in ("uif" if fmt.itemsize == 2 else "uiV")):
         raise TypeError(f"{fmt.name} bits must be {want}, got {bits.dtype}")
     flat = flat_aligned(bits).view(fmt.storage)
+    check_codes(bits, fmt)
     _, kernel = resolve("decode", fmt)
     return kernel.fn(flat).reshape(bits.shape + ((fmt.kpack,) if fmt.kpack > 1 else ()))

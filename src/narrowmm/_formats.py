@@ -17,7 +17,7 @@ class Format:
 
     Attributes:
         name: canonical name (``"f32"``, ``"fp16"``, ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``,
-            ``"q8_0"``, ``"q4_0"``, ``"q4_1"``).
+            ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_1"``).
         code: the C core's ``nm_format`` code.
         itemsize: bytes per stored element.
         storage: NumPy dtype that holds the raw stored elements (bits for the narrow formats).
@@ -43,11 +43,13 @@ class Format:
         kpack: rows of the matrix one stored element holds: 2 for the 4-bit formats (the
             low nibble row 2r, the high one row 2r + 1), so bits have ``k / 2`` rows.
         offsets: the weights also carry offsets, a second grid of the scales' shape:
-            weight = fma(decode(q), scale, offset) (Q4_1).
+            weight = fma(decode(q), scale, offset) (Q4_1, Q5_1).
         half_scales: the native kernels take the scales (and offsets) of packed weights as a
             binary16 grid when every one of them is a binary16 number, as GGUF's are (Q8_0,
-            Q4_0, Q4_1): the same weights, half the grid's bytes for the m <= 2 walks to read
-            (``PackedWeights.kernel_scales``).
+            Q4_0, Q4_1, Q5_1): the same weights, half the grid's bytes for the m <= 2 walks to
+            read (``PackedWeights.kernel_scales``).
+        code_bits: the low bits of a stored byte that make its code, when the codes do not
+            use all eight (Q5_1: 5, so a byte past 31 is refused); 0 when every byte is one.
     """
 
     name: str
@@ -69,6 +71,7 @@ class Format:
     kpack: int = 1
     offsets: bool = False
     half_scales: bool = False
+    code_bits: int = 0
 
     @property
     def max_scale(self) -> float:
@@ -111,6 +114,10 @@ FORMATS: dict[str, Format] = {
                "GGUF Q4_1: 4-bit codes, two rows a byte, q times a scale plus an offset per "
                "32 inputs", scaled=True, max_finite=15.0, integer=True, min_code=0.0,
                code_bias=0.5, gguf_block=32, kpack=2, offsets=True, half_scales=True),
+        Format("q5_1", 8, 1, np.dtype(np.uint8), 0, 5, (),
+               "GGUF Q5_1 (and Q5_K): 5-bit codes, one a byte, q times a scale plus an offset "
+               "per 32 inputs", scaled=True, max_finite=31.0, integer=True, min_code=0.0,
+               code_bias=0.5, gguf_block=32, offsets=True, half_scales=True, code_bits=5),
     )
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._codecs import decode, encode
+from ._codecs import check_codes, decode, encode
 from ._formats import FORMATS, Format, get_format
 from ._interop import Bf16Bits, as_array
 from ._scales import Scales, apply
@@ -161,6 +161,7 @@ def bits_array(bits: object, fmt: Format) -> np.ndarray:
     if fmt.itemsize == 4 and a.dtype not in (np.dtype(np.uint32), np.dtype(np.float32)):
         raise TypeError(f"f32 bits must be uint32 or float32, got {a.dtype}")
     check_layout(a, "bits")
+    check_codes(a, fmt)
     return a.view(fmt.storage)
 
 
@@ -210,7 +211,8 @@ class _ScaledMatrix:
 
 class Weights(_ScaledMatrix):
     """A weight matrix B of shape (k, n) in a storage format (``"f32"``, ``"fp16"``,
-    ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``, and GGUF's ``"q8_0"``, ``"q4_0"``, ``"q4_1"``).
+    ``"bf16"``, ``"e4m3fn"``, ``"e5m2"``, and GGUF's ``"q8_0"``, ``"q4_0"``, ``"q4_1"``,
+    ``"q5_1"``).
 
     ``Weights(array)`` wraps without copying: a NumPy float16 array is fp16, an ml_dtypes
     bfloat16 array is bf16, an ml_dtypes float8_e4m3fn / float8_e5m2 array is e4m3fn /
@@ -224,8 +226,9 @@ class Weights(_ScaledMatrix):
     and every provider, ISA and thread count computes the same chains on those weights.
     The GGUF formats' weights come from :meth:`quantize` (GGUF's own rule, bit for bit) or
     a GGUF file (:func:`narrowmm.load_gguf`); any float32 scales are accepted. The 4-bit
-    ones hold two rows a byte (:meth:`from_bits`), and ``q4_1`` an ``offsets`` grid beside
-    its scales: weight = fma(decode(q), scale, offset). FP8 codes are looked
+    ones hold two rows a byte (:meth:`from_bits`), ``q5_1`` a 5-bit code a byte, and
+    ``q4_1`` and ``q5_1`` an ``offsets`` grid beside their scales: weight =
+    fma(decode(q), scale, offset). FP8 codes are looked
     at once, at the first native call, for NaN/Inf codes (weights without any take faster
     kernels): write into ``bits`` afterwards and build new Weights.
 
@@ -278,7 +281,8 @@ class Weights(_ScaledMatrix):
         e4m3fn/e5m2/q8_0 (with their ``scales``, 1.0 if None), float32 or uint32 for f32.
         The 4-bit formats (q4_0, q4_1) hold two rows a byte: ``(k / 2, n)`` uint8 bits,
         byte ``(r, j)`` the codes of rows 2r (low nibble) and 2r + 1 (high nibble) of
-        column j; q4_1 also takes its ``offsets`` (a Scales in the scales' blocks)."""
+        column j; q5_1 one code (0 to 31) a byte. q4_1 and q5_1 also take their ``offsets``
+        (a Scales in the scales' blocks)."""
         fmt = get_format(format)
         self = cls.__new__(cls)
         self.format = fmt
@@ -326,13 +330,15 @@ class Weights(_ScaledMatrix):
         - ``q4_0``: ``d = max / -8`` (max: the value of largest magnitude, the first of
           equals), ``q = min(15, trunc(x * (1 / d) + 8.5))``, standing for ``q - 8``;
         - ``q4_1``: ``d = (max - min) / 15``, offset ``min``,
-          ``q = min(15, trunc((x - min) * (1 / d) + 0.5))``.
+          ``q = min(15, trunc((x - min) * (1 / d) + 0.5))``;
+        - ``q5_1``: the same over 31 steps, ``q = min(31, ...)``.
 
         The 4-bit formats need an even k (two rows a byte).
 
         Args:
             values: float32 (k, n), finite.
-            format: ``"e4m3fn"``, ``"e5m2"`` or ``"q8_0"``.
+            format: ``"e4m3fn"``, ``"e5m2"`` or a GGUF format (``"q8_0"``, ``"q4_0"``,
+                ``"q4_1"``, ``"q5_1"``).
             block: ``"columns"`` (one scale per output column; FP8's default),
                 ``"tensor"`` (one scale), or ``(bk, bn)`` blocks (e.g. ``(128, 128)``;
                 ``q8_0``'s default is GGUF's ``(32, 1)``: 32 input features of a column).
@@ -364,8 +370,8 @@ class Weights(_ScaledMatrix):
         mag = np.zeros((kb * rows_b, nb * cols_b), np.float32)
         mag[:k, :n] = np.abs(a)
         amax = mag.reshape(kb, rows_b, nb, cols_b).max(axis=(1, 3))
-        if fmt.kpack > 1:
-            return _quantize_gguf_4bit(cls, a, fmt, (bk, bn), (kb, rows_b, nb, cols_b))
+        if fmt.kpack > 1 or fmt.offsets:
+            return _quantize_gguf_blocks(cls, a, fmt, (bk, bn), (kb, rows_b, nb, cols_b))
         if fmt.integer:
             return _quantize_gguf_symmetric(cls, a, fmt, amax, (bk, bn))
         grid = np.where(amax > 0, amax / np.float32(fmt.max_finite), np.float32(1))
@@ -451,10 +457,11 @@ def _quantize_gguf_symmetric(cls: type[Weights], a: np.ndarray, fmt: Format,
     return cls.from_bits(bits, fmt, Scales(d16.astype(np.float32), block))
 
 
-def _quantize_gguf_4bit(cls: type[Weights], a: np.ndarray, fmt: Format,
-                        block: tuple[int, int], grid: tuple[int, int, int, int]) -> Weights:
-    """Weights.quantize for GGUF's 4-bit types (Q4_0, Q4_1): per block, the float32 scale
-    (and offset) set the codes; their fp16 roundings are what is stored."""
+def _quantize_gguf_blocks(cls: type[Weights], a: np.ndarray, fmt: Format,
+                          block: tuple[int, int], grid: tuple[int, int, int, int]) -> Weights:
+    """Weights.quantize for GGUF's 4-bit types and those with offsets (Q4_0, Q4_1, Q5_1):
+    per block, the float32 scale (and offset) set the codes; their fp16 roundings are what
+    is stored."""
     k, n = a.shape
     if k % fmt.kpack:
         raise ValueError(f"{fmt.name} stores {fmt.kpack} rows a byte: k must be even, got {k}")
@@ -468,10 +475,10 @@ def _quantize_gguf_4bit(cls: type[Weights], a: np.ndarray, fmt: Format,
         return out.reshape(shape4)
 
     with np.errstate(all="ignore"):
-        if fmt.offsets:  # Q4_1: from the block's minimum over 15 steps
+        if fmt.offsets:  # Q4_1, Q5_1: from the block's minimum over 15 (31) steps
             hi = blocks_of(-np.inf).max(axis=(1, 3))
             lo = blocks_of(np.inf).min(axis=(1, 3))
-            d = ((hi - lo) / np.float32(15)).astype(np.float32)
+            d = ((hi - lo) / np.float32(fmt.max_finite)).astype(np.float32)
         else:  # Q4_0: the value of largest magnitude (the first of equals) is -8 steps
             cells = blocks_of(0.0).transpose(0, 2, 1, 3).reshape(kb, nb, rows_b * cols_b)
             first = np.abs(cells).argmax(axis=2)
@@ -487,8 +494,9 @@ def _quantize_gguf_4bit(cls: type[Weights], a: np.ndarray, fmt: Format,
     with np.errstate(all="ignore"):
         base = a - lo[rows][:, cols] if fmt.offsets else a
         raw = (base * inv[rows][:, cols]).astype(np.float32)  # what the codes round
-    pairs = np.ascontiguousarray(raw.reshape(k // 2, 2, n).transpose(0, 2, 1))
-    bits = encode(pairs, fmt, saturate=True)  # GGUF clamps the codes to 0..15
+    if fmt.kpack > 1:  # two rows a byte: the values in pairs along a last axis
+        raw = np.ascontiguousarray(raw.reshape(k // 2, 2, n).transpose(0, 2, 1))
+    bits = encode(np.ascontiguousarray(raw), fmt, saturate=True)  # GGUF clamps the codes
     offsets = Scales(lo.astype(np.float16).astype(np.float32), block) if fmt.offsets else None
     return cls.from_bits(bits, fmt, Scales(d16.astype(np.float32), block), offsets)
 
@@ -659,12 +667,12 @@ class TorchWeights:
                              self._kn_offsets())
 
     def decode(self) -> np.ndarray:
-        """The exact float32 weights as a new ``(out_features, in_features)`` array (scales
-        applied)."""
+        """The exact float32 weights as a new ``(out_features, in_features)`` array (scales,
+        and offsets, applied)."""
         if self.format.kpack > 1:  # the pairs run along in_features here
             values = expand_pairs(decode(self.bits, self.format), 1)
             return values if self.scales is None else apply(values, self.scales, self.offsets)
-        return Weights.from_bits(self.bits, self.format, self.scales).decode()
+        return Weights.from_bits(self.bits, self.format, self.scales, self.offsets).decode()
 
     def __repr__(self) -> str:
         extra = "" if self.scales is None else f", scales={self.scales!r}"

@@ -51,11 +51,21 @@ static inline __m256 load8_q8_0(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
+/* raw() of 8 Q5_1 weights: their codes, bytes widened and converted (exact) */
+static inline __m256 load8_q5_1(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 /* the scales of 8 columns (nm_kernels.h): one rounding per weight */
-#define SCALE8(w, sp) _mm256_mul_ps(w, _mm256_loadu_ps(sp))
+#define SCALE8(w, sp, op) _mm256_mul_ps(w, _mm256_loadu_ps(sp))
 /* the same on binary16 scales (nm_scales.s16), widened exactly by F16C */
-#define SCALE8_HALF(w, sp)                                                                   \
+#define SCALE8_HALF(w, sp, op)                                                               \
     _mm256_mul_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp))))
+/* scales and offsets (Q5_1): fma(q, scale, offset), one rounding */
+#define OFFSET8(w, sp, op) _mm256_fmadd_ps(w, _mm256_loadu_ps(sp), _mm256_loadu_ps(op))
+#define OFFSET8_HALF(w, sp, op)                                                              \
+    _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp))),             \
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(op))))
 
 /* ---- m == 1: stream B four rows at a time, 32 columns per step ----------------------- */
 
@@ -90,6 +100,9 @@ NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR,
                        _mm256_storeu_ps, load8_f32, load8_fp16, load8_bf16, load8_e4m3fn,
                        load8_e5m2, load8_e4m3fn_finite, load8_e5m2_finite, load8_q8_0,
                        FMADD8, SCALE8, SCALE8_HALF)
+NM_DEFINE_Q5_1_FORMAT(avx2, __m256, 8, NR, PACKED_SLIVERS_FP8_M1, PACKED_SLIVERS_FP8_M2,
+                      _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, load8_q5_1, FMADD8,
+                      PREFETCH_T0, OFFSET8, OFFSET8_HALF)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -190,7 +203,6 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
                      float *c, int64_t ldc, const float *c_next, const float *s,             \
                      const float *o, int64_t bk, int64_t lds) {                              \
-        (void)o; /* no offsets in these formats */                                           \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         TILE_LOAD_C(c, ldc)                                                                  \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
@@ -199,8 +211,9 @@ static void ukernel_4x24_avx2(int64_t kc, int64_t mr, int64_t nr, const float *a
             NM_TILE_SCALES_NEXT_(s, o, bk, lds, 1);                                          \
             const uint8_t *src = b + p * ldb;                                                \
             PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
-            const __m256 b0 = SCV(LOAD8(src), s), b1 = SCV(LOAD8(src + 8 * (ITEM)), s + 8),  \
-                         b2 = SCV(LOAD8(src + 16 * (ITEM)), s + 16);                         \
+            const __m256 b0 = SCV(LOAD8(src), s, o);                                         \
+            const __m256 b1 = SCV(LOAD8(src + 8 * (ITEM)), s + 8, o + 8);                    \
+            const __m256 b2 = SCV(LOAD8(src + 16 * (ITEM)), s + 16, o + 16);                 \
             float *bq = bp + p * NR;                                                         \
             _mm256_store_ps(bq, b0);                                                         \
             _mm256_store_ps(bq + 8, b1);                                                     \
@@ -221,6 +234,7 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_avx2, tile_pack_e4m3fn_finite,
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx2, tile_pack_e5m2_finite, 1,
                        load8_e5m2_finite, SCALE8)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_avx2, tile_pack_q8_0, 1, load8_q8_0, SCALE8)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_q5_1_avx2, tile_pack_q5_1, 1, load8_q5_1, OFFSET8)
 
 /* ---- the 4-bit formats (kernel_common.h): 8 bytes, 16 codes, two rows --------------- */
 

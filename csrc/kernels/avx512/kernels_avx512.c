@@ -64,10 +64,20 @@ static inline __m512 load16_q8_0(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-#define SCALE16(w, sp) _mm512_mul_ps(w, _mm512_loadu_ps(sp))
+/* raw() of 16 Q5_1 weights: their codes, bytes widened and converted (exact) */
+static inline __m512 load16_q5_1(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+#define SCALE16(w, sp, op) _mm512_mul_ps(w, _mm512_loadu_ps(sp))
 /* the same on binary16 scales (nm_scales.s16), widened exactly */
-#define SCALE16_HALF(w, sp)                                                                  \
+#define SCALE16_HALF(w, sp, op)                                                              \
     _mm512_mul_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp))))
+/* scales and offsets (Q5_1): fma(q, scale, offset), one rounding */
+#define OFFSET16(w, sp, op) _mm512_fmadd_ps(w, _mm512_loadu_ps(sp), _mm512_loadu_ps(op))
+#define OFFSET16_HALF(w, sp, op)                                                             \
+    _mm512_fmadd_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp))),          \
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(op))))
 
 /* ---- m == 1: stream B four rows at a time, 64 columns per step ----------------------- */
 
@@ -93,6 +103,9 @@ NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR,
                        _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
                        load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
                        FMADD16, SCALE16, SCALE16_HALF)
+NM_DEFINE_Q5_1_FORMAT(avx512, __m512, 16, NR, PACKED_SLIVERS_FP8_M1, PACKED_SLIVERS_FP8_M2,
+                      _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, load16_q5_1, FMADD16,
+                      PREFETCH_T0, OFFSET16, OFFSET16_HALF)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -187,7 +200,6 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
                      float *c, int64_t ldc, const float *c_next, const float *s,             \
                      const float *o, int64_t bk, int64_t lds) {                              \
-        (void)o; /* no offsets in these formats */                                           \
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         ROWS##LOAD_C(c, ldc)                                                                 \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
@@ -196,7 +208,8 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
             NM_TILE_SCALES_NEXT_(s, o, bk, lds, 1);                                          \
             const uint8_t *src = b + p * ldb;                                                \
             PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
-            const __m512 b0 = SCV(LOAD16(src), s), b1 = SCV(LOAD16(src + 16 * (ITEM)), s + 16); \
+            const __m512 b0 = SCV(LOAD16(src), s, o);                                        \
+            const __m512 b1 = SCV(LOAD16(src + 16 * (ITEM)), s + 16, o + 16);                \
             _mm512_store_ps(bp + p * NR, b0);                                                \
             _mm512_store_ps(bp + p * NR + 16, b1);                                           \
             ROWS##FMA_STEP(ap, p, b0, b1);                                                   \
@@ -227,6 +240,7 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_avx512, tile_pack_e4m3fn_finit
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_avx512, tile_pack_e5m2_finite, 1,
                        load16_e5m2_finite, SCALE16, 1)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_avx512, tile_pack_q8_0, 1, load16_q8_0, SCALE16, 1)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_q5_1_avx512, tile_pack_q5_1, 1, load16_q5_1, OFFSET16, 1)
 
 /* ---- the 4-bit formats (kernel_common.h): 16 bytes, 32 codes, two rows -------------- */
 

@@ -71,9 +71,19 @@ static inline float32x4_t load4_q8_0(const uint8_t *p) {
     return vcvtq_f32_s32(vmovl_s16(load4_s8_as_s16(p)));
 }
 
-#define SCALE4(w, sp) vmulq_f32(w, vld1q_f32(sp))
+/* raw() of 4 Q5_1 weights: their codes, bytes widened and converted (exact; 4 bytes read) */
+static inline float32x4_t load4_q5_1(const uint8_t *p) {
+    return vcvtq_f32_u32(vmovl_u16(load4_u8_as_u16(p)));
+}
+
+#define SCALE4(w, sp, op) vmulq_f32(w, vld1q_f32(sp))
 /* the same on binary16 scales (nm_scales.s16), widened exactly */
-#define SCALE4_HALF(w, sp) vmulq_f32(w, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sp))))
+#define HALF4(sp) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sp)))
+#define SCALE4_HALF(w, sp, op) vmulq_f32(w, HALF4(sp))
+/* scales and offsets (Q5_1): fma(q, scale, offset), one rounding (vfmaq_f32(acc, x, y) is
+ * acc + x * y) */
+#define OFFSET4(w, sp, op) vfmaq_f32(vld1q_f32(op), w, vld1q_f32(sp))
+#define OFFSET4_HALF(w, sp, op) vfmaq_f32(HALF4(op), w, HALF4(sp))
 
 /* ---- m == 1: stream B four rows at a time, 16 columns per step ----------------------- */
 
@@ -100,6 +110,9 @@ NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR,
                        load4_f32, load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2,
                        load4_e4m3fn_finite, load4_e5m2_finite, load4_q8_0, vfmaq_f32, SCALE4,
                        SCALE4_HALF)
+NM_DEFINE_Q5_1_FORMAT(neon, float32x4_t, 4, NR, PACKED_SLIVERS_FP8_M1, PACKED_SLIVERS_FP8_M2,
+                      vdupq_n_f32, vld1q_f32, vst1q_f32, load4_q5_1, vfmaq_f32, NO_PREFETCH,
+                      OFFSET4, OFFSET4_HALF)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -169,13 +182,12 @@ static void ukernel_8x8_neon(int64_t kc, int64_t mr, int64_t nr, const float *ap
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
                      float *c, int64_t ldc, const float *c_next, const float *s,             \
                      const float *o, int64_t bk, int64_t lds) {                              \
-        (void)o; /* no offsets in these formats */                                           \
         (void)c_next; /* no software prefetch on this row */                                 \
         NM_TILE_SCALES_INIT_(s, kc, bk, 1);                                                  \
         TILE_8X8_BODY(c, ldc,                                                                \
                       (NM_TILE_SCALES_NEXT_(s, o, bk, lds, 1),                               \
-                       b0 = SCV(LOAD4(b + p * ldb), s),                                      \
-                       b1 = SCV(LOAD4(b + p * ldb + 4 * (ITEM)), s + 4),                     \
+                       b0 = SCV(LOAD4(b + p * ldb), s, o),                                   \
+                       b1 = SCV(LOAD4(b + p * ldb + 4 * (ITEM)), s + 4, o + 4),              \
                        vst1q_f32(bp + p * NR, b0), vst1q_f32(bp + p * NR + 4, b1)));         \
     }                                                                                        \
     NM_DEFINE_UKERNEL_PACK_FROM_TILE(NAME, TILE)
@@ -190,6 +202,7 @@ NM_DEFINE_UKERNEL_PACK(ukernel_pack_e4m3fn_finite_neon, tile_pack_e4m3fn_finite,
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_e5m2_finite_neon, tile_pack_e5m2_finite, 1,
                        load4_e5m2_finite, SCALE4)
 NM_DEFINE_UKERNEL_PACK(ukernel_pack_q8_0_neon, tile_pack_q8_0, 1, load4_q8_0, SCALE4)
+NM_DEFINE_UKERNEL_PACK(ukernel_pack_q5_1_neon, tile_pack_q5_1, 1, load4_q5_1, OFFSET4)
 
 /* ---- the 4-bit formats (kernel_common.h): 4 bytes, 8 codes, two rows (4 bytes read) - */
 

@@ -111,6 +111,13 @@ NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_e5m2_scalar, pack_e5m2_scalar, uker
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q8_0_scalar, pack_q8_0_scalar, ukernel_4x8_scalar,
                                 SCALAR_NR, 1)
 
+/* Q5_1 (fma(q, scale, offset)): every slot from the shared templates (kernel_common.h) on
+ * one-float "vectors", the same chains */
+NM_DEFINE_Q5_1_FORMAT(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1,
+                      nm_load1_q5_1_raw, FMAF_ACC, NO_PREFETCH, NM_OFFSET1, NM_OFFSET1_HALF)
+NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q5_1_scalar, pack_q5_1_scalar, ukernel_4x8_scalar,
+                                SCALAR_NR, 1)
+
 NM_DEFINE_CODEC_LOOP(decode_fp16_scalar, uint16_t, float, nm_fp16_to_f32)
 NM_DEFINE_CODEC_LOOP(decode_bf16_scalar, uint16_t, float, nm_bf16_to_f32)
 NM_DEFINE_CODEC_LOOP(encode_fp16_scalar, float, uint16_t, nm_f32_to_fp16)
@@ -122,6 +129,8 @@ NM_DEFINE_ENCODE8_LOOP(encode_e4m3fn_scalar, nm_f32_to_e4m3fn)
 NM_DEFINE_ENCODE8_LOOP(encode_e5m2_scalar, nm_f32_to_e5m2)
 NM_DEFINE_CODEC_LOOP(decode_q8_0_scalar, uint8_t, float, nm_q8_0_to_f32)
 NM_DEFINE_ENCODE8_LOOP(encode_q8_0_scalar, nm_f32_to_q8_0)
+NM_DEFINE_CODEC_LOOP(decode_q5_1_scalar, uint8_t, float, nm_q5_1_to_f32)
+NM_DEFINE_ENCODE8_LOOP(encode_q5_1_scalar, nm_f32_to_q5_1)
 
 /* The 4-bit formats (kernel_common.h): one column at a time. */
 #define NIBBLES1(p, lo, hi) ((lo) = NM_NIBBLE_LO(*(p)), (hi) = NM_NIBBLE_HI(*(p)))
@@ -206,6 +215,8 @@ NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     NM_SET_SLOT(row, encode8, NM_FMT_Q4_0, encode_q4_0_scalar);
     NM_SET_SLOT(row, decode8, NM_FMT_Q4_1, decode_q4_1_scalar);
     NM_SET_SLOT(row, encode8, NM_FMT_Q4_1, encode_q4_1_scalar);
+    NM_SET_SLOT(row, decode8, NM_FMT_Q5_1, decode_q5_1_scalar);
+    NM_SET_SLOT(row, encode8, NM_FMT_Q5_1, encode_q5_1_scalar);
     row->probe_fma = probe_fma_scalar;
     row->probe_fma_flops = 8 * 2;
     row->probe_read = probe_read_scalar;

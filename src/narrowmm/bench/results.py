@@ -17,13 +17,15 @@ BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 NARROWMM_FORMATS = ("fp16", "bf16", "f32", "e4m3fn", "e5m2", "q8_0", "q4_0", "q4_1")
 FP8_FORMATS = ("e4m3fn", "e5m2")
 # formats whose weights the bench makes with Weights.quantize (scales fitted to the values)
-QUANTIZED_FORMATS = (*FP8_FORMATS, "q8_0", "q4_0", "q4_1")
+QUANTIZED_FORMATS = (*FP8_FORMATS, "q8_0", "q4_0", "q4_1", "q5_1")
 # GGUF block types that load as an exact conversion to a narrowmm format (README, "GGUF
 # files"): the bench times a tensor of random blocks as load_gguf gives it, on request only
 # (--format); their name, the ggml type, and the format they run as
 GGUF_CONVERTED_FORMATS = {"q5_0": ("Q5_0", "q8_0"), "q4_k": ("Q4_K", "q4_1"),
-                          "q6_k": ("Q6_K", "q8_0")}
-BENCH_FORMATS = (*NARROWMM_FORMATS, *GGUF_CONVERTED_FORMATS)
+                          "q5_k": ("Q5_K", "q5_1"), "q6_k": ("Q6_K", "q8_0")}
+# narrowmm formats timed on request only (--format), like the converted types
+ON_REQUEST_FORMATS = ("q5_1",)
+BENCH_FORMATS = (*NARROWMM_FORMATS, *ON_REQUEST_FORMATS, *GGUF_CONVERTED_FORMATS)
 # narrowmm on row-major Weights, and on Weights.pack() of the same matrix
 NARROWMM_SYSTEMS = ("narrowmm", "narrowmm-packed")
 SLOW_CALL_S = 4.0  # a system whose single call takes longer is skipped for that case

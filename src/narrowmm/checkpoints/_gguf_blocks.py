@@ -10,14 +10,17 @@ as ``ggml-quants.c`` writes it down, bit for bit:
 | Q4_0 | q4_0 | ``(q - 8) * d`` |
 | Q4_1 | q4_1 | ``d * q + m`` = fma(q, d, m) |
 | Q5_0 | q8_0 (codes q - 16) | ``(q - 16) * d`` |
+| Q5_1 | q5_1 | ``d * q + m`` = fma(q, d, m) |
 | Q4_K | q4_1 (per 32: d * sc, -(dmin * m)) | ``(d * sc) * q - dmin * m`` |
+| Q5_K | q5_1 (per 32: d * sc, -(dmin * m)) | ``(d * sc) * q - dmin * m`` |
 | Q6_K | q8_0 (codes q - 32, per 16: d * sc) | ``(d * sc) * q`` |
 
 The products ``d * sc`` and ``dmin * m`` of a K type are exact in float32 (an fp16 times a
 6-bit or 8-bit integer), so a K type's sub-block is a scale (and offset) of the narrower
 format, and its weight the same rounding: one, of the exact value, wherever GGUF rounds
-once (Q6_K's ``(d * sc) * q`` can round: the scale is made first, as ggml does). The 5- and
-6-bit codes go into int8 codes (q8_0): more bytes a weight than the file, the same values.
+once (Q6_K's ``(d * sc) * q`` can round: the scale is made first, as ggml does; Q5_K's
+cannot: 11 + 6 + 5 bits). The 5- and 6-bit codes take a byte each (q8_0's int8 codes, or
+q5_1's): more bytes a weight than the file, the same values.
 """
 
 from __future__ import annotations
@@ -72,15 +75,28 @@ def q4_1(blocks: np.ndarray) -> Converted:
     return "q4_1", pairs(codes), fp16_field(blocks, 0), fp16_field(blocks, 2), 32
 
 
+def fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """4 bytes (..., 4) of high bits, bit i (little-endian) code i's fifth bit, as 0/16 for
+    each of the 32 codes (..., 32): Q5_0's and Q5_1's layout."""
+    high = np.ascontiguousarray(qh).view("<u4")[..., 0]
+    return (((high[..., None] >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+
+
 def q5_0(blocks: np.ndarray) -> Converted:
     """d, 4 bytes of high bits (bit i: code i's fifth bit, little-endian), 16 bytes of low
     nibbles (codes i and i + 16)."""
     rows, nb, _ = blocks.shape
-    high = np.ascontiguousarray(blocks[:, :, 2:6]).view("<u4")[..., 0]
-    high = (high[..., None] >> np.arange(32, dtype=np.uint32)) & 1
-    codes = nibbles(blocks[:, :, 6:]).astype(np.int16) | (high.astype(np.int16) << 4)
+    codes = (nibbles(blocks[:, :, 6:]) | fifth_bits(blocks[:, :, 2:6])).astype(np.int16)
     return "q8_0", int8_codes((codes - 16).reshape(rows, nb * 32)), fp16_field(blocks, 0), \
         None, 32
+
+
+def q5_1(blocks: np.ndarray) -> Converted:
+    """d, m, 4 bytes of high bits, 16 bytes of low nibbles (as Q5_0, with an offset m)."""
+    rows, nb, _ = blocks.shape
+    codes = nibbles(blocks[:, :, 8:]) | fifth_bits(blocks[:, :, 4:8])
+    return "q5_1", codes.reshape(rows, nb * 32), fp16_field(blocks, 0), fp16_field(blocks, 2), \
+        32
 
 
 def _k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -107,6 +123,21 @@ def q4_k(blocks: np.ndarray) -> Converted:
     return "q4_1", pairs(codes), d.reshape(rows, nb * 8), (-dm).reshape(rows, nb * 8), 32
 
 
+def q5_k(blocks: np.ndarray) -> Converted:
+    """d, dmin, 12 bytes of sub-block scales and mins (Q4_K's), 32 bytes of high bits, 128
+    of low nibbles: the low nibbles as Q4_K's (chunk c: sub-blocks 2c and 2c + 1), and bit i
+    of high byte l the fifth bit of code l of sub-block i."""
+    rows, nb, _ = blocks.shape
+    sc, mins = _k_scales_mins(blocks[:, :, 4:16])
+    d = fp16_field(blocks, 0)[..., None] * sc  # exact: fp16 x 6-bit integer
+    dm = fp16_field(blocks, 2)[..., None] * mins
+    low = nibbles(blocks[:, :, 48:].reshape(rows, nb, 4, 32)).reshape(rows, nb, 8, 32)
+    qh = blocks[:, :, 16:48]
+    high = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4
+    codes = (low | high).reshape(rows, nb * 256)
+    return "q5_1", codes, d.reshape(rows, nb * 8), (-dm).reshape(rows, nb * 8), 32
+
+
 def q6_k(blocks: np.ndarray) -> Converted:
     """128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-block scales, d: in each
     half of 128 codes, ql byte l holds the low 4 bits of codes l (low nibble) and l + 64
@@ -124,12 +155,12 @@ def q6_k(blocks: np.ndarray) -> Converted:
         None, 16
 
 
-CONVERTERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q4_K": q4_k,
-              "Q6_K": q6_k}
+CONVERTERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1,
+              "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k}
 # where each block type keeps its fp16 fields (d, and m or dmin), in bytes from the block's
 # start: what a maker of blocks must set to finite values
-FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q4_K": (0, 2),
-               "Q6_K": (208,)}
+FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
+               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def as_torch_weights(converted: Converted) -> TorchWeights:

@@ -64,10 +64,10 @@ class GGMLType:
 GGML_TYPES: dict[int, GGMLType] = {
     0: GGMLType("F32", 1, 4, "f32"), 1: GGMLType("F16", 1, 2, "fp16"),
     2: GGMLType("Q4_0", 32, 18, "q4_0"), 3: GGMLType("Q4_1", 32, 20, "q4_1"),
-    6: GGMLType("Q5_0", 32, 22, "q8_0"), 7: GGMLType("Q5_1", 32, 24),
+    6: GGMLType("Q5_0", 32, 22, "q8_0"), 7: GGMLType("Q5_1", 32, 24, "q5_1"),
     8: GGMLType("Q8_0", 32, 34, "q8_0"), 9: GGMLType("Q8_1", 32, 36),
     10: GGMLType("Q2_K", 256, 84), 11: GGMLType("Q3_K", 256, 110),
-    12: GGMLType("Q4_K", 256, 144, "q4_1"), 13: GGMLType("Q5_K", 256, 176),
+    12: GGMLType("Q4_K", 256, 144, "q4_1"), 13: GGMLType("Q5_K", 256, 176, "q5_1"),
     14: GGMLType("Q6_K", 256, 210, "q8_0"), 15: GGMLType("Q8_K", 256, 292),
     16: GGMLType("IQ2_XXS", 256, 66), 17: GGMLType("IQ2_XS", 256, 74),
     18: GGMLType("IQ3_XXS", 256, 98), 19: GGMLType("IQ1_S", 256, 50),

@@ -168,12 +168,24 @@ def _nibble_encoder(bias: float):
     return encode
 
 
+def decode_q5_1(bits: np.ndarray) -> np.ndarray:
+    return bits.astype(np.float32)
+
+
+def encode_q5_1(values: np.ndarray, saturate: bool = False) -> np.ndarray:
+    """codec_scalar.h's nm_f32_to_q5_1: trunc(fl32(v + 0.5)) clamped to 0..31, NaN as 0."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        f = values + np.float32(0.5)
+        f = np.where(f > 0, f, np.float32(0))  # NaN too
+        return np.minimum(f, np.float32(31)).astype(np.uint8)
+
+
 _DECODE = {"fp16": decode_fp16, "bf16": decode_bf16, "e4m3fn": decode_e4m3fn,
            "e5m2": decode_e5m2, "q8_0": decode_q8_0, "q4_0": _nibbles(8.0),
-           "q4_1": _nibbles(0.0)}
+           "q4_1": _nibbles(0.0), "q5_1": decode_q5_1}
 _ENCODE = {"fp16": encode_fp16, "bf16": encode_bf16, "e4m3fn": encode_e4m3fn,
            "e5m2": encode_e5m2, "q8_0": encode_q8_0, "q4_0": _nibble_encoder(8.5),
-           "q4_1": _nibble_encoder(0.5)}
+           "q4_1": _nibble_encoder(0.5), "q5_1": encode_q5_1}
 
 
 def fma_rows(x64: np.ndarray, w_row: np.ndarray, c64: np.ndarray) -> np.ndarray:

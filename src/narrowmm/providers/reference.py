@@ -209,15 +209,20 @@ def q4_1_to_f32_bits(q: int) -> int:
     return bits_from_f32(float(q & 15))
 
 
-def _nibble_code(u: int, bias: Fraction) -> int:
-    """trunc(fl32(v + bias)) clamped to 0..15 for the float32 bits u; NaN gives 0."""
+def q5_1_to_f32_bits(q: int) -> int:
+    """A Q5_1 code (a byte; the API refuses bytes past 31) stands for q."""
+    return bits_from_f32(float(q & 0xFF))
+
+
+def _nibble_code(u: int, bias: Fraction, top: int = 15) -> int:
+    """trunc(fl32(v + bias)) clamped to 0..top for the float32 bits u; NaN gives 0."""
     sign, q = _split(u)
     if q is None:
-        return 0 if u & 0x7FFFFFFF > _INF32 else (0 if sign else 15)
+        return 0 if u & 0x7FFFFFFF > _INF32 else (0 if sign else top)
     s = (-q if sign else q) + bias
     mag = f32_from_bits(round_binary(abs(s), 23, 8))  # the float32 sum
-    r = math.trunc(-mag if s < 0 else mag) if math.isfinite(mag) else (15 if s > 0 else 0)
-    return min(max(r, 0), 15)
+    r = math.trunc(-mag if s < 0 else mag) if math.isfinite(mag) else (top if s > 0 else 0)
+    return min(max(r, 0), top)
 
 
 def f32_bits_to_q4_0(u: int) -> int:
@@ -226,6 +231,12 @@ def f32_bits_to_q4_0(u: int) -> int:
 
 def f32_bits_to_q4_1(u: int) -> int:
     return _nibble_code(u, Fraction(1, 2))
+
+
+def f32_bits_to_q5_1(u: int, saturate: bool = False) -> int:
+    """trunc(fl32(v + 0.5)) clamped to 0..31 (``saturate`` changes nothing: the API checks
+    the range)."""
+    return _nibble_code(u, Fraction(1, 2), 31)
 
 
 def mul_f32(a: float, b: float) -> float:
@@ -263,11 +274,12 @@ def fma_f32(a: float, b: float, c: float) -> float:
 
 _DECODERS = {"fp16": fp16_to_f32_bits, "bf16": bf16_to_f32_bits,
              "e4m3fn": e4m3fn_to_f32_bits, "e5m2": e5m2_to_f32_bits,
-             "q8_0": q8_0_to_f32_bits, "q4_0": q4_0_to_f32_bits, "q4_1": q4_1_to_f32_bits}
+             "q8_0": q8_0_to_f32_bits, "q4_0": q4_0_to_f32_bits, "q4_1": q4_1_to_f32_bits,
+             "q5_1": q5_1_to_f32_bits}
 _NIBBLE_ENCODERS = {"q4_0": f32_bits_to_q4_0, "q4_1": f32_bits_to_q4_1}
 _ENCODERS = {"fp16": f32_bits_to_fp16, "bf16": f32_bits_to_bf16,
              "e4m3fn": f32_bits_to_e4m3fn, "e5m2": f32_bits_to_e5m2,
-             "q8_0": f32_bits_to_q8_0}
+             "q8_0": f32_bits_to_q8_0, "q5_1": f32_bits_to_q5_1}
 
 
 def _weight_values(bits: np.ndarray, fmt: Format, scales: tuple[np.ndarray, int] | None,

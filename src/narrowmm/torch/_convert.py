@@ -26,8 +26,9 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
     Args:
         model: any module; its ``nn.Linear`` children at any depth are replaced.
         format: ``"bf16"``, ``"fp16"``, ``"f32"``, FP8 ``"e4m3fn"`` / ``"e5m2"`` with
-            one scale per output feature, or GGUF's ``"q8_0"`` (int8 codes, a scale per 32
-            input features) (:meth:`Linear.from_torch`). A model already in that format
+            one scale per output feature, or a GGUF format (``"q8_0"``, ``"q4_0"``,
+            ``"q4_1"``, ``"q5_1"``: GGUF's blocks of 32 input features)
+            (:meth:`Linear.from_torch`). A model already in that format
             keeps every weight bit.
         pack: store the CPU's packed layout (same bits, faster at small batches).
         skip: module names left alone: a full name (``"encoder.layer.0.output.dense"``) or

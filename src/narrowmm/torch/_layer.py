@@ -166,10 +166,11 @@ class Linear(torch.nn.Module):
     def from_torch(cls, linear: torch.nn.Linear, format: str = "bf16", *,
                    pack: bool = True) -> Linear:
         """The layer of ``linear`` with its weights in ``format`` (``"bf16"``, ``"fp16"``,
-        ``"f32"``, ``"e4m3fn"``, ``"e5m2"`` or ``"q8_0"``): float32 weights are rounded to
-        nearest even, weights already in ``format`` are taken bit for bit. The FP8 formats
-        get one scale per output feature, its largest weight magnitude over the format's
-        largest finite value; ``q8_0`` gets GGUF's blocks of 32 input features
+        ``"f32"``, ``"e4m3fn"``, ``"e5m2"`` or a GGUF format, ``"q8_0"``, ``"q4_0"``,
+        ``"q4_1"``, ``"q5_1"``): float32 weights are rounded to nearest even, weights
+        already in ``format`` are taken bit for bit. The FP8 formats get one scale per
+        output feature, its largest weight magnitude over the format's largest finite
+        value; the GGUF formats get GGUF's blocks of 32 input features
         (:meth:`narrowmm.Weights.quantize`). ``pack`` stores the CPU's packed layout (the
         same bits, faster at small batches)."""
         if not isinstance(linear, torch.nn.Linear):
