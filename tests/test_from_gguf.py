@@ -210,18 +210,18 @@ def test_a_q4_0_file_written_by_gguf_py_runs_as_its_float32_model(tmp_path):
 
 def test_a_float_tensor_of_a_type_narrowmm_does_not_decode_is_refused_by_name(tmp_path):
     """Norms and the embedding table stay float32 in the model: one of a ggml type
-    narrowmm does not decode (Q2_K here, 1-D and 2-D) raises GGUFError naming the tensor,
+    narrowmm does not decode (IQ2_XXS here, 1-D and 2-D) raises GGUFError naming the tensor,
     its type and the types that load, as the linear weights' loader does."""
     import gguf
 
     import narrowmm as nm
     from narrowmm.torch._gguf import _float_tensor
 
-    path = tmp_path / "q2k-norm.gguf"
+    path = tmp_path / "iq2-norm.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    q2_k = gguf.GGMLQuantizationType.Q2_K
-    writer.add_tensor("norm", np.zeros(84, np.uint8), raw_dtype=q2_k)
-    writer.add_tensor("embd", np.zeros((2, 84), np.uint8), raw_dtype=q2_k)
+    iq2 = gguf.GGMLQuantizationType.IQ2_XXS  # 66 bytes a block of 256
+    writer.add_tensor("norm", np.zeros(66, np.uint8), raw_dtype=iq2)
+    writer.add_tensor("embd", np.zeros((2, 66), np.uint8), raw_dtype=iq2)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -229,5 +229,5 @@ def test_a_float_tensor_of_a_type_narrowmm_does_not_decode_is_refused_by_name(tm
     f = nm.load_gguf(path)
     for name in ("norm", "embd"):
         with pytest.raises(nm.GGUFError,
-                           match=rf"'{name}' has ggml type Q2_K; narrowmm decodes F32, F16, "):
+                           match=rf"'{name}' has ggml type IQ2_XXS; narrowmm decodes F32, F16, "):
             _float_tensor(f, name)

@@ -126,7 +126,7 @@ def test_round_trip_with_the_gguf_writer_and_reader(tmp_path, rng):
 
 def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
     """Q4_0 and Q4_1 tensors from gguf-py's writer: the codes regrouped into narrowmm's
-    pairs, the scales and offsets as stored; a type narrowmm does not compute on (Q2_K) is
+    pairs, the scales and offsets as stored; a type narrowmm does not compute on (IQ2_XXS) is
     listed, readable as bytes, and refused as weights."""
     path = tmp_path / "q4.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -135,7 +135,8 @@ def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
                       raw_dtype=gguf.GGMLQuantizationType.Q4_0)
     writer.add_tensor("b", gguf.quants.quantize(values["b"], gguf.GGMLQuantizationType.Q4_1),
                       raw_dtype=gguf.GGMLQuantizationType.Q4_1)
-    writer.add_tensor("k", np.zeros((2, 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    writer.add_tensor("k", np.zeros((2, 66), np.uint8),
+                      raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -147,16 +148,17 @@ def test_4bit_tensors_read_as_the_gguf_package_dequantizes_them(tmp_path, rng):
         assert_same_bits(w.decode(), gguf.quants.dequantize(f.array(name), t))
         x = rng.standard_normal((2, 96)).astype(np.float32)
         assert_same_bits(nm.Linear(w)(x), nm.matmul(x, w.transpose()))
-    assert f.info["k"].shape == (2, 256) and f.array("k").shape == (2, 84)
-    with pytest.raises(nm.GGUFError, match=r"'k' has ggml type Q2_K; narrowmm computes on "
-                                           r"F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, "
-                                           r"Q6_K, BF16"):
+    assert f.info["k"].shape == (2, 256) and f.array("k").shape == (2, 66)
+    with pytest.raises(nm.GGUFError, match=r"'k' has ggml type IQ2_XXS; narrowmm computes on "
+                                           r"F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
+                                           r"Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16 \(use"):
         f["k"]
 
 
 # where each block type keeps its fp16 fields (d, and m or dmin), in bytes
 FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
-               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+               "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+               "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 @pytest.mark.parametrize("type_name", list(FP16_FIELDS))

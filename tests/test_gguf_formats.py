@@ -425,11 +425,13 @@ def test_torch_layer_keeps_its_binary16_grid_through_dtype_casts():
             assert_same_bits(layer(x).numpy(), want.numpy())
 
 
-@pytest.mark.parametrize("fmt", ["q5_0", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q5_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
+                                 "iq4_xs"])
 def test_the_bench_times_the_gguf_block_types_as_a_file_loads_them(fmt):
-    """`narrowmm bench --format q4_k` (and q5_0, q5_k, q6_k) times random blocks of the GGUF type
-    as load_gguf converts them: the weights it builds are GGUF's dequantized values bit for
-    bit, in the narrowmm format the type runs as, and they multiply on every path."""
+    """`narrowmm bench --format q4_k` (and the other converted types) times random blocks of
+    the GGUF type as load_gguf converts them: the weights it builds are GGUF's dequantized
+    values bit for bit, in the narrowmm format the type runs as, and they multiply on every
+    path."""
     from narrowmm.bench.kernels import gguf_converted_weights, random_blocks
     from narrowmm.bench.results import GGUF_CONVERTED_FORMATS
 

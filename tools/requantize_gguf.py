@@ -30,7 +30,8 @@ from pathlib import Path
 from narrowmm.bench.gguf_model import smollm2_path
 
 # llama.cpp's file types worth timing (llama_cpp.LLAMA_FTYPE_MOSTLY_<name>)
-FILE_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K")
+FILE_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M",
+              "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 def main(argv: list[str] | None = None) -> int:

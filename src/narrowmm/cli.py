@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", type=_ints, help="batch sizes m (default 1,16,128)")
     bench.add_argument("--format", action="append",
                        choices=list(BENCH_FORMATS),
-                       help="narrowmm weight formats (default all but q5_1 and q5_0, q4_k, "
-                       "q5_k and q6_k, GGUF block types narrowmm loads as exact q8_0, q4_1 "
-                       "or q5_1 weights; repeatable)")
+                       help="narrowmm weight formats (default all but q5_1 and the GGUF "
+                       "block types narrowmm loads as exact q8_0, q4_1 or q5_1 weights: "
+                       "q5_0, q2_k to q6_k, iq4_nl, iq4_xs; repeatable)")
     bench.add_argument("--threads", type=_ints, help="thread counts, e.g. 1,2 (default: "
                        "the pool's size)")
     bench.add_argument("--cache", type=_caches, help="cold (default), warm, or cold,warm")

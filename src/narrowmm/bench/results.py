@@ -21,8 +21,10 @@ QUANTIZED_FORMATS = (*FP8_FORMATS, "q8_0", "q4_0", "q4_1", "q5_1")
 # GGUF block types that load as an exact conversion to a narrowmm format (README, "GGUF
 # files"): the bench times a tensor of random blocks as load_gguf gives it, on request only
 # (--format); their name, the ggml type, and the format they run as
-GGUF_CONVERTED_FORMATS = {"q5_0": ("Q5_0", "q8_0"), "q4_k": ("Q4_K", "q4_1"),
-                          "q5_k": ("Q5_K", "q5_1"), "q6_k": ("Q6_K", "q8_0")}
+GGUF_CONVERTED_FORMATS = {"q5_0": ("Q5_0", "q8_0"), "q2_k": ("Q2_K", "q4_1"),
+                          "q3_k": ("Q3_K", "q8_0"), "q4_k": ("Q4_K", "q4_1"),
+                          "q5_k": ("Q5_K", "q5_1"), "q6_k": ("Q6_K", "q8_0"),
+                          "iq4_nl": ("IQ4_NL", "q8_0"), "iq4_xs": ("IQ4_XS", "q8_0")}
 # narrowmm formats timed on request only (--format), like the converted types
 ON_REQUEST_FORMATS = ("q5_1",)
 BENCH_FORMATS = (*NARROWMM_FORMATS, *ON_REQUEST_FORMATS, *GGUF_CONVERTED_FORMATS)

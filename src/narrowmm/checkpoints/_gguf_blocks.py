@@ -11,16 +11,21 @@ as ``ggml-quants.c`` writes it down, bit for bit:
 | Q4_1 | q4_1 | ``d * q + m`` = fma(q, d, m) |
 | Q5_0 | q8_0 (codes q - 16) | ``(q - 16) * d`` |
 | Q5_1 | q5_1 | ``d * q + m`` = fma(q, d, m) |
+| Q2_K | q4_1 (per 16: d * sc, -(dmin * m)) | ``(d * sc) * q - dmin * m`` |
+| Q3_K | q8_0 (codes q - 4 or q, per 16: d * (sc - 32)) | ``(d * (sc - 32)) * q`` |
 | Q4_K | q4_1 (per 32: d * sc, -(dmin * m)) | ``(d * sc) * q - dmin * m`` |
 | Q5_K | q5_1 (per 32: d * sc, -(dmin * m)) | ``(d * sc) * q - dmin * m`` |
 | Q6_K | q8_0 (codes q - 32, per 16: d * sc) | ``(d * sc) * q`` |
+| IQ4_NL | q8_0 (codes the type's 16 values) | ``d * v[q]`` |
+| IQ4_XS | q8_0 (codes v[q], per 32: d * (sc - 32)) | ``(d * (sc - 32)) * v[q]`` |
 
 The products ``d * sc`` and ``dmin * m`` of a K type are exact in float32 (an fp16 times a
-6-bit or 8-bit integer), so a K type's sub-block is a scale (and offset) of the narrower
+4-, 6- or 8-bit integer), so a K type's sub-block is a scale (and offset) of the narrower
 format, and its weight the same rounding: one, of the exact value, wherever GGUF rounds
-once (Q6_K's ``(d * sc) * q`` can round: the scale is made first, as ggml does; Q5_K's
-cannot: 11 + 6 + 5 bits). The 5- and 6-bit codes take a byte each (q8_0's int8 codes, or
-q5_1's): more bytes a weight than the file, the same values.
+once (Q6_K's ``(d * sc) * q`` can round: the scale is made first, as ggml does; Q5_K's,
+Q3_K's and IQ4_XS's cannot: at most 11 + 6 + 5, 11 + 6 + 3 and 11 + 6 + 7 significant
+bits). Codes of 5 bits and more, and the IQ4 types' values, take a byte each (q8_0's int8
+codes, or q5_1's): more bytes a weight than the file, the same values.
 """
 
 from __future__ import annotations
@@ -110,6 +115,45 @@ def _k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scales.astype(np.float32), mins.astype(np.float32)
 
 
+def two_bit_codes(qs: np.ndarray) -> np.ndarray:
+    """Q2_K's and Q3_K's 64 bytes of 2-bit codes (..., 64) as the 256 codes in order: in each
+    half of 32 bytes, bits 2s..2s+1 of byte l hold code 32s + l."""
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+    halves = qs.reshape(*qs.shape[:-1], 2, 1, 32)
+    return ((halves >> shifts) & 3).reshape(*qs.shape[:-1], 256)
+
+
+def q2_k(blocks: np.ndarray) -> Converted:
+    """16 bytes of sub-block scales (low nibble) and mins (high), 64 bytes of 2-bit codes,
+    d, dmin: per 16 inputs the scale ``d * sc`` and the offset ``-(dmin * m)``, exact."""
+    rows, nb, _ = blocks.shape
+    sub = blocks[:, :, :16]
+    d = fp16_field(blocks, 80)[..., None] * (sub & 15).astype(np.float32)  # exact
+    dm = fp16_field(blocks, 82)[..., None] * (sub >> 4).astype(np.float32)
+    codes = two_bit_codes(blocks[:, :, 16:80]).reshape(rows, nb * 256)
+    return "q4_1", pairs(codes), d.reshape(rows, nb * 16), (-dm).reshape(rows, nb * 16), 16
+
+
+def q3_k(blocks: np.ndarray) -> Converted:
+    """32 bytes of high bits (bit s of byte l: code 32s + l's third bit, which, clear,
+    takes 4 off the code), 64 bytes of 2-bit codes, 12 bytes of 6-bit scales (bytes 0-7: the
+    low 4 bits of scales 0-7 and, in the high nibbles, 8-15; bytes 8-11: the top 2 bits, bits
+    2s..2s+1 of byte i for scale 4s + i), d: codes -4..3 as q8_0's, per 16 inputs the scale
+    ``d * (sc - 32)``, exact."""
+    rows, nb, _ = blocks.shape
+    high = (blocks[:, :, :32, None] >> np.arange(8, dtype=np.uint8)) & 1  # (.., l, s)
+    high = np.swapaxes(high, -1, -2).reshape(rows, nb, 256)
+    codes = two_bit_codes(blocks[:, :, 32:96]).astype(np.int16) - 4 * (1 - high.astype(np.int16))
+    packed = blocks[:, :, 96:108]
+    low = np.concatenate([packed[..., :8] & 15, packed[..., :8] >> 4], axis=-1)
+    top = ((packed[..., 8:12, None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & 3)
+    top = np.swapaxes(top, -1, -2).reshape(rows, nb, 16)
+    sc = (low | (top << 4)).astype(np.float32) - 32
+    d = fp16_field(blocks, 108)[..., None] * sc  # exact: fp16 x 6-bit integer
+    return "q8_0", int8_codes(codes.reshape(rows, nb * 256)), d.reshape(rows, nb * 16), \
+        None, 16
+
+
 def q4_k(blocks: np.ndarray) -> Converted:
     """d, dmin, 12 bytes of sub-block scales and mins, 128 bytes of codes: four chunks of 32
     bytes, chunk c holding codes 64c + l (low nibble, sub-block 2c) and 64c + 32 + l (high
@@ -155,12 +199,44 @@ def q6_k(blocks: np.ndarray) -> Converted:
         None, 16
 
 
+# IQ4_NL's and IQ4_XS's 16 code values (ggml-common.h, kvalues_iq4nl)
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                       113], dtype=np.int8)
+
+
+def iq4_nl(blocks: np.ndarray) -> Converted:
+    """d, 16 bytes of 4-bit indices (codes i and i + 16) into IQ4_VALUES: q8_0's codes are
+    the values themselves."""
+    rows, nb, _ = blocks.shape
+    codes = IQ4_VALUES[nibbles(blocks[:, :, 2:])].reshape(rows, nb * 32)
+    return "q8_0", codes.view(np.uint8), fp16_field(blocks, 0), None, 32
+
+
+def iq4_xs(blocks: np.ndarray) -> Converted:
+    """d, a little-endian 16-bit word of the sub-block scales' top 2 bits (bits 2j..2j+1 for
+    sub-block j), 4 bytes of their low 4 bits (sub-block 2i low nibble, 2i + 1 high), then per
+    sub-block of 32 16 bytes of 4-bit indices into IQ4_VALUES (codes i and i + 16): per 32
+    inputs the scale ``d * (sc - 32)``, exact."""
+    rows, nb, _ = blocks.shape
+    top = np.ascontiguousarray(blocks[:, :, 2:4]).view("<u2")[..., 0]
+    top = (top[..., None] >> (2 * np.arange(8, dtype=np.uint16))) & 3
+    low = blocks[:, :, 4:8]
+    low = np.stack([low & 15, low >> 4], axis=-1).reshape(rows, nb, 8)
+    sc = (low | (top.astype(np.uint8) << 4)).astype(np.float32) - 32
+    d = fp16_field(blocks, 0)[..., None] * sc  # exact: fp16 x 6-bit integer
+    codes = IQ4_VALUES[nibbles(blocks[:, :, 8:].reshape(rows, nb, 8, 16))]
+    return "q8_0", codes.reshape(rows, nb * 256).view(np.uint8), d.reshape(rows, nb * 8), \
+        None, 32
+
+
 CONVERTERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1,
-              "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k}
+              "Q2_K": q2_k, "Q3_K": q3_k, "Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k,
+              "IQ4_NL": iq4_nl, "IQ4_XS": iq4_xs}
 # where each block type keeps its fp16 fields (d, and m or dmin), in bytes from the block's
 # start: what a maker of blocks must set to finite values
 FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
-               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+               "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+               "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def as_torch_weights(converted: Converted) -> TorchWeights:

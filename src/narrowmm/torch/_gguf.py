@@ -87,9 +87,9 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
               threads: bool | int = True, pack: bool = True) -> torch.nn.Module:
     """A ``transformers`` causal language model built from a GGUF file, every linear layer
     a :class:`Linear` holding the file's own blocks (Q8_0, Q4_0, Q4_1 as they are; Q5_1 as
-    q5_1, a code a byte; Q5_0, Q4_K, Q5_K, Q6_K as the exact q8_0 / q4_1 / q5_1 weights of
-    :func:`narrowmm.load_gguf`; F16 / BF16 / F32 weights as they are): the linear weights
-    are never materialised in float32.
+    q5_1, a code a byte; Q5_0, the K types, IQ4_NL and IQ4_XS as the exact q8_0 / q4_1 /
+    q5_1 weights of :func:`narrowmm.load_gguf`; F16 / BF16 / F32 weights as they are): the
+    linear weights are never materialised in float32.
 
     The configuration comes from the file's metadata, as ``transformers`` reads it
     (``AutoConfig.from_pretrained(folder, gguf_file=name)``); so does the tokenizer, which
@@ -109,9 +109,10 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
             row-major block weights") has the measurements behind the default.
 
     Raises:
-        GGUFError: a malformed file, or a tensor of a type narrowmm does not load (Q2_K,
-            Q3_K, the IQ types: the error names the tensor, its type and the types that
-            load); ValueError: a model the file's architecture does not describe.
+        GGUFError: a malformed file, or a tensor of a type narrowmm does not load (the IQ
+            types but IQ4_NL and IQ4_XS, TQ1_0, TQ2_0, ...: the error names the tensor, its
+            type and the types that load); ValueError: a model the file's architecture does
+            not describe.
         TypeError: ``pack`` is not a bool (``None`` chose a per-layer rule before
         2026-12-03; every layer is packed now).
     """
