@@ -123,6 +123,12 @@ def two_bit_codes(qs: np.ndarray) -> np.ndarray:
     return ((halves >> shifts) & 3).reshape(*qs.shape[:-1], 256)
 
 
+def bit_planes(mask: np.ndarray) -> np.ndarray:
+    """32 bytes (..., 32) as their 8 bit planes (..., 8, 32): plane s holds bit s of each
+    byte, the high bit of code 32s + l (Q3_K's and Q5_K's layout)."""
+    return (mask[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+
+
 def q2_k(blocks: np.ndarray) -> Converted:
     """16 bytes of sub-block scales (low nibble) and mins (high), 64 bytes of 2-bit codes,
     d, dmin: per 16 inputs the scale ``d * sc`` and the offset ``-(dmin * m)``, exact."""
@@ -141,8 +147,7 @@ def q3_k(blocks: np.ndarray) -> Converted:
     2s..2s+1 of byte i for scale 4s + i), d: codes -4..3 as q8_0's, per 16 inputs the scale
     ``d * (sc - 32)``, exact."""
     rows, nb, _ = blocks.shape
-    high = (blocks[:, :, :32, None] >> np.arange(8, dtype=np.uint8)) & 1  # (.., l, s)
-    high = np.swapaxes(high, -1, -2).reshape(rows, nb, 256)
+    high = bit_planes(blocks[:, :, :32]).reshape(rows, nb, 256)
     codes = two_bit_codes(blocks[:, :, 32:96]).astype(np.int16) - 4 * (1 - high.astype(np.int16))
     packed = blocks[:, :, 96:108]
     low = np.concatenate([packed[..., :8] & 15, packed[..., :8] >> 4], axis=-1)
@@ -176,9 +181,7 @@ def q5_k(blocks: np.ndarray) -> Converted:
     d = fp16_field(blocks, 0)[..., None] * sc  # exact: fp16 x 6-bit integer
     dm = fp16_field(blocks, 2)[..., None] * mins
     low = nibbles(blocks[:, :, 48:].reshape(rows, nb, 4, 32)).reshape(rows, nb, 8, 32)
-    qh = blocks[:, :, 16:48]
-    high = ((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4
-    codes = (low | high).reshape(rows, nb * 256)
+    codes = (low | (bit_planes(blocks[:, :, 16:48]) << 4)).reshape(rows, nb * 256)
     return "q5_1", codes, d.reshape(rows, nb * 8), (-dm).reshape(rows, nb * 8), 32
 
 
