@@ -108,6 +108,22 @@ def test_block_and_scaled_formats_give_the_models_bits(fmt):
         assert torch.equal(got[i], model_last_logits(m, p)), (fmt, i)
 
 
+def test_a_qwen2_model_gives_its_bits_with_its_biases():
+    """Qwen2: a Llama's step with biases on q, k and v (nonzero here); prefill alone and
+    batched, and decode steps, give the converted model's own bits."""
+    m = nmt.convert(inv.random_qwen2(inv.qwen2_config("small"), torch.float32), "q4_1",
+                    batch_invariant=True, threads=False)
+    dec = nmt.Decoder(m)
+    got = decoder_prompt_logits(dec, PROMPTS[:4])
+    for i, p in enumerate(PROMPTS[:4]):
+        assert torch.equal(got[i], model_last_logits(m, p)), i
+    prompt = PROMPTS[1]
+    want = inv.decode_logits(m, prompt)
+    dec.reset(1, len(prompt))
+    for t, token in enumerate(prompt):
+        assert torch.equal(dec.step([[token]], [[t]], [0])[0], want[t]), t
+
+
 def test_sampling_follows_its_generator_and_its_filters(model):
     dec = nmt.Decoder(model)
     ids = torch.tensor([PROMPTS[0]])

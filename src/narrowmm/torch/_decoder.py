@@ -1,4 +1,4 @@
-"""A whole decode step of a batch-invariant Llama-family model in one C call
+"""A whole decode step of a batch-invariant Llama-family model (Llama, Qwen2) in one C call
 (:class:`Decoder`), and a ``generate`` driving it.
 
 The step (``csrc/model/llama.c``) runs every layer with the C core's own ops, the ones the
@@ -55,7 +55,7 @@ def _float32_vector(t: torch.Tensor, name: str) -> np.ndarray:
 
 
 class Decoder:
-    """Runs a batch-invariant ``transformers`` Llama-family model a whole step per C call.
+    """Runs a batch-invariant ``transformers`` Llama or Qwen2 model a whole step per C call.
 
     ``Decoder(model)`` reads the model as it is now (its narrowmm layers' buffers, norms,
     embedding and rotary table; later changes to the model are not seen). The model must

@@ -41,18 +41,31 @@ def _rows(w: TorchWeights, order: np.ndarray) -> TorchWeights:
                         take(w.offsets))
 
 
-def _row_order(processor: Any, gguf_name: str, out_features: int) -> np.ndarray | None:
+def _row_order(processor: Any, gguf_name: str, out_features: int, path: str,
+               arch: str) -> np.ndarray | None:
     """The row permutation ``transformers`` applies to a GGUF tensor (llama.cpp stores the
     query and key projections of rotary models with their rows permuted), found by letting
-    its processor permute the row indices; None when it keeps the order."""
+    its processor permute the row indices; None when it keeps the order. A processor that
+    does anything else to a linear weight (transposes, reshapes, splits) is refused: the
+    layer holds the file's blocks, whose rows can move but not their contents."""
     index = np.arange(out_features, dtype=np.int64)[:, None]
-    order = processor.process(weights=index, name=gguf_name).weights[:, 0]
-    return None if np.array_equal(order, index[:, 0]) else np.asarray(order)
+    result = processor.process(weights=index.copy(), name=gguf_name)
+    order = np.asarray(result.weights)
+    if (result.name != gguf_name or order.shape != index.shape
+            or not np.array_equal(np.sort(order[:, 0]), index[:, 0])):
+        raise NotImplementedError(
+            f"{path}: transformers does more than reorder the rows of {gguf_name!r} for "
+            f"{arch!r} models; from_gguf keeps a linear layer's GGUF blocks and cannot")
+    order = order[:, 0]
+    return None if np.array_equal(order, index[:, 0]) else order
 
 
-def _float_tensor(f: GGUFFile, name: str) -> torch.Tensor:
-    """A tensor that stays float32 in the model (norms, the embedding table): its exact
-    values, decoded."""
+def _float_tensor(f: GGUFFile, name: str, processor: Any, shape: tuple[int, ...]
+                  ) -> torch.Tensor:
+    """A tensor that stays float32 in the model (norms, biases, the embedding table): its
+    exact values, decoded, then changed as ``transformers``' processor changes it for the
+    architecture (the query and key biases of a Llama reordered as their weights' rows,
+    ``w - 1`` for Gemma's norms), and checked against the parameter's ``shape``."""
     info = f.info[name]
     if info.type.format is None:  # as GGUFFile refuses such weights, 1-D ones too
         raise GGUFError(f"{f.path}: tensor {name!r} has ggml type {info.type.name}; narrowmm "
@@ -61,7 +74,15 @@ def _float_tensor(f: GGUFFile, name: str) -> torch.Tensor:
         values = f[name].decode()
     else:
         values = np.asarray(f.array(name), dtype=np.float32)
-    return torch.from_numpy(np.array(values, dtype=np.float32))  # its own, writable
+    result = processor.process(weights=np.array(values, dtype=np.float32), name=name)
+    if result.name != name:
+        raise NotImplementedError(f"{f.path}: transformers moves tensor {name!r} elsewhere "
+                                  "(an expert of a mixture?); from_gguf does not")
+    values = np.array(result.weights, dtype=np.float32)  # its own, writable
+    if values.shape != shape:
+        raise ValueError(f"{f.path}: tensor {name!r} has shape {values.shape}, the model's "
+                         f"parameter {shape}")
+    return torch.from_numpy(values)
 
 
 def _gguf_names(model: torch.nn.Module, arch: str, layers: int, path: str) -> dict[str, str]:
@@ -130,23 +151,21 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         config=config.to_dict())
     hf_names = _gguf_names(model, arch, config.num_hidden_layers, path)
     modules = dict(model.named_modules())
-    loaded: set[str] = set()
+    linears: dict[str, dict[str, str]] = {}  # module -> {"weight"/"bias": GGUF tensor}
     for gguf_name, hf_name in hf_names.items():
         if gguf_name not in f.info:
             continue
         module_name, _, param = hf_name.rpartition(".")
         module = modules.get(module_name)
-        if isinstance(module, torch.nn.Linear) and param == "weight":
-            w = f[gguf_name]
-            order = _row_order(processor, gguf_name, w.out_features)
-            w = w if order is None else _rows(w, order)
-            layer = Linear.from_weights(w, pack=pack)
-            parent_name, _, child = module_name.rpartition(".")
-            setattr(modules[parent_name] if parent_name else model, child, layer)
+        if isinstance(module, torch.nn.Linear) and param in ("weight", "bias"):
+            linears.setdefault(module_name, {})[param] = gguf_name
         else:
-            setattr(module, param, torch.nn.Parameter(_float_tensor(f, gguf_name),
-                                                      requires_grad=False))
-        loaded.add(hf_name)
+            value = _float_tensor(f, gguf_name, processor, tuple(getattr(module, param).shape))
+            setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
+    for module_name, names in linears.items():
+        layer = _linear(f, names, modules[module_name], processor, path, arch, pack)
+        parent_name, _, child = module_name.rpartition(".")
+        setattr(modules[parent_name] if parent_name else model, child, layer)
     lm_head = getattr(model, "lm_head", None)
     if isinstance(lm_head, torch.nn.Linear):  # tied to the embedding: its narrow blocks
         embedding = next((g for g, h in hf_names.items()
@@ -166,6 +185,30 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     if threads is not False:
         set_num_threads(None if threads is True else threads)
     return model
+
+
+def _linear(f: GGUFFile, names: dict[str, str], module: torch.nn.Linear, processor: Any,
+            path: str, arch: str, pack: bool) -> Linear:
+    """The narrowmm layer for one of the model's ``nn.Linear`` modules: the file's blocks of
+    ``names["weight"]`` in ``transformers``' row order, and its float32 bias
+    ``names["bias"]`` (moved as the processor moves it) when the model's layer has one."""
+    if "weight" not in names:
+        raise ValueError(f"{path}: the file holds a bias ({names['bias']!r}) but no weight "
+                         "for its layer")
+    w = f[names["weight"]]
+    if (w.out_features, w.in_features) != (module.out_features, module.in_features):
+        raise ValueError(f"{path}: tensor {names['weight']!r} is {w.out_features} x "
+                         f"{w.in_features}, the model's layer {module.out_features} x "
+                         f"{module.in_features}")
+    order = _row_order(processor, names["weight"], w.out_features, path, arch)
+    w = w if order is None else _rows(w, order)
+    bias = None
+    if module.bias is not None:
+        if "bias" not in names:
+            raise ValueError(f"{path}: the model's layer for {names['weight']!r} has a bias "
+                             "and the file holds none")
+        bias = _float_tensor(f, names["bias"], processor, (module.out_features,))
+    return Linear.from_weights(w, bias, pack=pack)
 
 
 def _materialise_buffers(model: torch.nn.Module, config: Any) -> None:

@@ -30,10 +30,11 @@ from ..providers.native import checked_core
 
 ATTENTION_NAME = "narrowmm"
 _ROTARY_BLOCK = 256
-# Architectures whose every op is covered here (tested: llama).
-SUPPORTED_MODEL_TYPES = ("llama",)
-_NORM_CLASSES = ("LlamaRMSNorm",)
-_ROTARY_CLASSES = ("LlamaRotaryEmbedding",)
+# Architectures whose every op is covered here, both tested: llama, and qwen2 (Llama's
+# layers with biases on q, k and v; its sliding-window layers are refused).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm")
+_ROTARY_CLASSES = ("LlamaRotaryEmbedding", "Qwen2RotaryEmbedding")
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -204,6 +205,11 @@ def _unsupported(model: torch.nn.Module, linears_pending: bool) -> list[str]:
                         f"{', '.join(SUPPORTED_MODEL_TYPES)})")
     if config is not None and getattr(config, "hidden_act", "silu") != "silu":
         problems.append(f"activation {config.hidden_act!r} (supported: 'silu')")
+    sliding = [i for i, kind in enumerate(getattr(config, "layer_types", None) or ())
+               if kind != "full_attention"]
+    if sliding:
+        problems.append(f"layers {sliding[:5]}{' ...' if len(sliding) > 5 else ''} of type "
+                        f"{config.layer_types[sliding[0]]!r} (supported: 'full_attention')")
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and not linears_pending:
             problems.append(f"{name}: a torch.nn.Linear not converted (leave it out of skip)")

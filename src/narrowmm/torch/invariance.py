@@ -1,8 +1,8 @@
 """``narrowmm.torch.invariance``: the batch-invariance proof as a public harness, shared by
 ``examples/batch_invariance.py``, ``narrowmm bench --model llama`` and the tests: a
-Llama-architecture ``transformers`` model with random weights, a fixed set of prompts, and
-the logits of each prompt under every condition (batch composition, threads, prefill or
-decode), compared bit for bit.
+Llama-architecture ``transformers`` model (or a Qwen2 one) with random weights, a fixed set
+of prompts, and the logits of each prompt under every condition (batch composition,
+threads, prefill or decode), compared bit for bit.
 
 Imports torch and transformers; not imported by ``narrowmm`` or ``narrowmm.torch``.
 """
@@ -21,7 +21,7 @@ from .. import _threads
 
 __all__ = ["PROMPT_LENGTHS", "SIZES", "Conditions", "batch_conditions", "compositions",
            "decode_logits", "digest", "fixed_prompts", "greedy", "left_padded", "llama_config",
-           "prompt_logits", "random_llama", "set_threads"]
+           "prompt_logits", "qwen2_config", "random_llama", "random_qwen2", "set_threads"]
 
 # Prompt lengths: different, so that a batch pads every prompt but the longest.
 PROMPT_LENGTHS = (3, 7, 12, 20, 5, 31, 9, 16)
@@ -51,6 +51,30 @@ def random_llama(config: transformers.LlamaConfig, dtype: torch.dtype,
     the same seed gives the same weights in every dtype (as rounded)."""
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config).to(dtype).eval()
+
+
+def qwen2_config(size: str = "small") -> transformers.Qwen2Config:
+    """A Qwen2 config of a named size (:data:`SIZES`): Llama's layers with biases on the
+    query, key and value projections, full attention in every layer, sdpa, untied
+    embeddings."""
+    return transformers.Qwen2Config(max_position_embeddings=2048, rms_norm_eps=1e-6,
+                                    tie_word_embeddings=False, attn_implementation="sdpa",
+                                    **SIZES[size])
+
+
+def random_qwen2(config: transformers.Qwen2Config, dtype: torch.dtype,
+                 seed: int = 0) -> transformers.Qwen2ForCausalLM:
+    """A Qwen2 model of ``config`` drawn as :func:`random_llama` draws a Llama, its q / k /
+    v biases then drawn from N(0, 0.5^2) (``transformers`` starts them at zero, which
+    would leave them untested)."""
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    return model.to(dtype).eval()
 
 
 def fixed_prompts(vocab_size: int, lengths: Sequence[int] = PROMPT_LENGTHS,
