@@ -108,11 +108,15 @@ def test_block_and_scaled_formats_give_the_models_bits(fmt):
         assert torch.equal(got[i], model_last_logits(m, p)), (fmt, i)
 
 
-def test_a_qwen2_model_gives_its_bits_with_its_biases():
-    """Qwen2: a Llama's step with biases on q, k and v (nonzero here); prefill alone and
-    batched, and decode steps, give the converted model's own bits."""
-    m = nmt.convert(inv.random_qwen2(inv.qwen2_config("small"), torch.float32), "q4_1",
-                    batch_invariant=True, threads=False)
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_qwen_model_gives_its_bits(family):
+    """Qwen2 (a Llama's step with biases on q, k and v, nonzero here) and Qwen3 (each
+    head's query and key RMS-normalised before the rotation, heads of 64 on a hidden size of
+    256): prefill alone and batched, and decode steps, give the converted model's own
+    bits."""
+    config = inv.qwen2_config("small") if family == "qwen2" else inv.qwen3_config("small")
+    m = nmt.convert(inv.random_qwen(config, torch.float32), "q4_1", batch_invariant=True,
+                    threads=False)
     dec = nmt.Decoder(m)
     got = decoder_prompt_logits(dec, PROMPTS[:4])
     for i, p in enumerate(PROMPTS[:4]):

@@ -331,3 +331,34 @@ def test_transformers_processors_apply_to_float_tensors_and_only_reorder_layers(
                                                   r"'blk\.0\.ffn_up\.weight' for 'gpt2'"):
         _row_order(gpt2, "blk.0.ffn_up.weight", 128, str(path), "gpt2")
     assert _row_order(gpt2, "blk.0.ffn_gate.weight", 128, str(path), "gpt2") is None
+
+
+def test_a_qwen3_file_runs_as_its_float32_model_and_its_decoder_gives_its_bits(tmp_path):
+    """A Qwen3 file (tools/write_llama_gguf.py --arch qwen3: Q4_1 layers, norms on each
+    head's query and key drawn away from 1, heads of 128 on a hidden size of 128): the head
+    norms are the file's, the logits within float32 rounding of transformers' float32 model
+    of the file, the same greedy tokens, and the Decoder gives the batch-invariant model's
+    bits."""
+    import narrowmm as nm
+
+    path = write_llama(tmp_path / "qwen3-q4_1.gguf", "q4_1", arch="qwen3", hidden=128,
+                       layers=2, ffn=256, heads=4, kv_heads=2)
+    model = nmt.from_gguf(path, batch_invariant=True, threads=1)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    f = nm.load_gguf(path)
+    attn = model.model.layers[1].self_attn
+    assert (attn.q_proj.out_features, attn.q_proj.format.name) == (512, "q4_1")
+    assert_same_bits(attn.k_norm.weight.numpy(), np.asarray(f.array("blk.1.attn_k_norm.weight")))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32)
+    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314]])
+    with torch.inference_mode():
+        ours = model.generate(ids, max_new_tokens=6, do_sample=False)
+        assert torch.equal(ours, reference.generate(ids, max_new_tokens=6, do_sample=False))
+        logits = model(ours).logits
+        diff = (logits - reference(ours).logits).abs().max().item()
+    assert 0 < diff < 1e-4 * max(1.0, logits.abs().max().item())
+    decoder = nmt.Decoder(model)
+    decoder.reset(1, ours.shape[1])
+    steps = decoder.step(ours, torch.arange(ours.shape[1])[None], [0])
+    assert_same_bits(steps[0].numpy(), logits[0, -1].numpy())

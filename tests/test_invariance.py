@@ -107,20 +107,28 @@ def test_what_it_replaces(invariant_model):
     assert nmt.is_batch_invariant(invariant_model)
 
 
-def test_a_qwen2_model_is_invariant_as_a_llama_is():
-    """Qwen2 (Llama's layers with biases on q, k and v, drawn nonzero): every prompt's
-    logits the same bits alone, in batches of 4 and 8, on 1 and 2 threads, and in prefill
-    and decode; greedy generate alone equals batched. Plain torch on the same model is the
-    control."""
-    config = inv.qwen2_config("small")
-    model = nmt.convert(inv.random_qwen2(config, torch.bfloat16), "bf16", batch_invariant=True)
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_qwen_model_is_invariant_as_a_llama_is(family):
+    """Qwen2 (Llama's layers with biases on q, k and v, drawn nonzero) and Qwen3 (RMS norms
+    on each head's query and key, weights drawn away from 1; heads of 64 on a hidden size
+    of 256): every prompt's logits the same bits alone, in batches of 4 and 8, on 1 and 2
+    threads, and in prefill and decode; greedy generate alone equals batched. Plain torch on
+    the same model is the control."""
+    config = inv.qwen2_config("small") if family == "qwen2" else inv.qwen3_config("small")
+    model = nmt.convert(inv.random_qwen(config, torch.bfloat16), "bf16", batch_invariant=True)
     kinds = {type(m).__name__ for m in model.modules()}
     assert {"RMSNorm", "SiLU", "RotaryTable", "Linear"} <= kinds
-    assert not kinds & {"Qwen2RMSNorm", "SiLUActivation"}
-    assert float(model.model.layers[0].self_attn.k_proj.bias.abs().max()) > 0.5
+    assert not kinds & {"Qwen2RMSNorm", "Qwen3RMSNorm", "SiLUActivation"}
+    attn = model.model.layers[0].self_attn
+    if family == "qwen2":
+        assert float(attn.k_proj.bias.abs().max()) > 0.5
+    else:
+        assert type(attn.q_norm).__name__ == type(attn.k_norm).__name__ == "RMSNorm"
+        assert float((attn.k_norm.weight - 1).abs().max()) > 0.2
+        assert attn.q_proj.out_features == 512 != config.hidden_size
     result = inv.batch_conditions(model, PROMPTS, threads=(1, 2))
     assert result.distinct() == [1] * len(PROMPTS), result.digests
-    control = inv.batch_conditions(inv.random_qwen2(config, torch.float32), PROMPTS,
+    control = inv.batch_conditions(inv.random_qwen(config, torch.float32), PROMPTS,
                                    threads=(1, 2))
     assert control.differing_prompts() > 0  # the conditions change plain torch's bits
     for p in PROMPTS[:3]:

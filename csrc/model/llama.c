@@ -88,6 +88,15 @@ static int norm(const nm_llama *md, int64_t rows, const float *x, const float *w
     return st;
 }
 
+/* Each of n heads of head_dim floats at x normalised in place and scaled by weight, as the
+ * q_norm / k_norm of Qwen3 (batch-invariant) do with every head's query and key. */
+static int head_norm(const nm_llama *md, int64_t n, float *x, const float *weight) {
+    const int64_t d = md->head_dim;
+    const int st = nm_rms_norm(n, d, x, d, md->eps, x, d);
+    if (st == NM_OK) nm_scale_rows(n, d, weight, x, d);
+    return st;
+}
+
 /* The rotated keys (transposed: a key is a column of its head's d x capacity block) and the
  * values of the new tokens into the cache, the rotated queries into qh (head-major). k and v
  * are the projections' outputs (rows x kv_heads*d); turned is scratch of d floats. */
@@ -145,6 +154,12 @@ static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_ca
             return st;
     }
     clock_mark(pc, NM_LLAMA_PART_LINEAR);
+    if (L->q_norm) {
+        if ((st = head_norm(md, rows * md->heads, sb->q, L->q_norm)) != NM_OK ||
+            (st = head_norm(md, rows * md->kv_heads, k_new, L->k_norm)) != NM_OK)
+            return st;
+        clock_mark(pc, NM_LLAMA_PART_NORM);
+    }
     rotate_and_store(md, cache, li, batch, t, positions, sb->q, k_new, v_new, sb->qh,
                      sb->turned);
     clock_mark(pc, NM_LLAMA_PART_ELEMENTWISE);

@@ -121,7 +121,9 @@ static int take_linear(plan *p, PyObject *spec, const char *what, int64_t want_k
 }
 
 /* llama_plan((layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale),
- *            embed, final_norm, lm_head, [(attn_norm, q, k, v, o, mlp_norm, gate, up, down)]) */
+ *            embed, final_norm, lm_head, [(attn_norm, q, k, v, o, mlp_norm, gate, up, down
+ *            [, q_norm, k_norm])]): q_norm and k_norm (Qwen3's per-head norms) both head_dim
+ *            floats or both None */
 PyObject *py_llama_plan(PyObject *self, PyObject *args) {
     (void)self;
     long long layers, hidden, heads, kv_heads, d, inter, vocab;
@@ -142,7 +144,7 @@ PyObject *py_llama_plan(PyObject *self, PyObject *args) {
     plan *p = calloc(1, sizeof *p);
     if (!p) return PyErr_NoMemory();
     p->row = current_row;
-    p->max_views = 2 + 3 + layers * (2 + 7 * 3); /* each linear: bits, scales, bias */
+    p->max_views = 2 + 3 + layers * (4 + 7 * 3); /* 4 norms; each linear: bits, scales, bias */
     p->views = calloc((size_t)p->max_views, sizeof(Py_buffer));
     p->layers = calloc((size_t)(layers > 0 ? layers : 1), sizeof(nm_llama_layer));
     PyObject *capsule = NULL;
@@ -171,14 +173,19 @@ PyObject *py_llama_plan(PyObject *self, PyObject *args) {
     for (long long i = 0; i < layers; ++i) {
         PyObject *spec = PyList_GET_ITEM(layer_list, i);
         nm_llama_layer *L = &p->layers[i];
-        PyObject *an, *q, *k, *v, *o, *mn, *g, *u, *dn;
-        if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "OOOOOOOOO", &an, &q, &k, &v, &o,
-                                                      &mn, &g, &u, &dn)) {
+        PyObject *an, *q, *k, *v, *o, *mn, *g, *u, *dn, *qn = Py_None, *kn = Py_None;
+        if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "OOOOOOOOO|OO", &an, &q, &k, &v, &o,
+                                                      &mn, &g, &u, &dn, &qn, &kn) ||
+            (qn == Py_None) != (kn == Py_None)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "layer %lld: expected (attn_norm, q, k, v, o, "
-                         "mlp_norm, gate, up, down)", i);
+                         "mlp_norm, gate, up, down[, q_norm, k_norm])", i);
             goto fail;
         }
+        if (qn != Py_None &&
+            (!(L->q_norm = take_vector(p, qn, "a layer's query norm", d)) ||
+             !(L->k_norm = take_vector(p, kn, "a layer's key norm", d))))
+            goto fail;
         char what[64];
 #define LINEAR(obj, name, field, kk, nn)                                           \
     (snprintf(what, sizeof what, "layer %lld's %s", i, name),                     \

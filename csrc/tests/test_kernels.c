@@ -660,21 +660,25 @@ static nm_linear random_linear(int64_t k, int64_t n, int with_bias, float **keep
 
 /* The decoder step (model/llama.c) and the fused linear job: a row on 3 threads gives the
  * scalar row's one-thread bits, guard cells after the logits stay, a bad token or a full
- * cache changes nothing. Under the sanitizers this walks every buffer of a step. */
+ * cache changes nothing. Under the sanitizers this walks every buffer of a step, the second
+ * layer's head norms (Qwen3's q_norm / k_norm) too. */
 static void test_decoder_step(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     enum { LAYERS = 2, HIDDEN = 64, HEADS = 4, KV = 2, D = 16, INTER = 96, VOCAB = 50,
            BATCH = 2, CAP = 9, POS = 16 };
     float *keep[LAYERS * 7 + 1];
     int kept = 0;
     nm_llama_layer layers[LAYERS];
-    float *norms = xmalloc((size_t)(2 * LAYERS + 1) * HIDDEN * 4);
+    float *norms = xmalloc((size_t)((2 * LAYERS + 1) * HIDDEN + 2 * D) * 4);
     float *embed = xmalloc((size_t)VOCAB * HIDDEN * 4), *rot = xmalloc((size_t)2 * POS * D * 4);
-    for (int64_t i = 0; i < (2 * LAYERS + 1) * HIDDEN; ++i) norms[i] = 1.0f + 0.1f * next_float();
+    for (int64_t i = 0; i < (2 * LAYERS + 1) * HIDDEN + 2 * D; ++i)
+        norms[i] = 1.0f + 0.1f * next_float();
     for (int64_t i = 0; i < VOCAB * HIDDEN; ++i) embed[i] = next_float();
     for (int64_t i = 0; i < 2 * POS * D; ++i) rot[i] = 0.5f * next_float();
     for (int l = 0; l < LAYERS; ++l) {
         nm_llama_layer *L = &layers[l];
         L->attn_norm = norms + 2 * l * HIDDEN, L->mlp_norm = norms + (2 * l + 1) * HIDDEN;
+        L->q_norm = l == 1 ? norms + (2 * LAYERS + 1) * HIDDEN : NULL;
+        L->k_norm = l == 1 ? norms + (2 * LAYERS + 1) * HIDDEN + D : NULL;
         L->q = random_linear(HIDDEN, HEADS * D, l == 0, &keep[kept++]);
         L->k = random_linear(HIDDEN, KV * D, l == 0, &keep[kept++]);
         L->v = random_linear(HIDDEN, KV * D, 0, &keep[kept++]);

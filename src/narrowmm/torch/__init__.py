@@ -7,7 +7,7 @@ imports torch).
 - :func:`convert`, which swaps every ``nn.Linear`` of a model for one, in place;
 - :func:`from_gguf`, a ``transformers`` model built from a GGUF file, its linear layers
   holding the file's blocks;
-- :class:`Decoder`, a batch-invariant Llama or Qwen2 model's whole forward step in one C
+- :class:`Decoder`, a batch-invariant Llama, Qwen2 or Qwen3 model's whole forward step in one C
   call, with a ``generate`` of its own;
 - the operator ``torch.ops.narrowmm.linear``, registered with ``torch.library`` with a fake
   (meta) implementation, so ``torch.inference_mode``, ``torch.compile`` and

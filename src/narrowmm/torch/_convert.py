@@ -37,7 +37,7 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
         batch_invariant: also replace the model's other ops that can change a row's bits
             with the batch, padding, threads or CPU (attention, RMSNorm, SiLU, the rotary
             embedding; :func:`make_batch_invariant`), so that every logit of a prompt is the
-            same whatever runs beside it. ``transformers`` Llama and Qwen2 models only
+            same whatever runs beside it. ``transformers`` Llama, Qwen2 and Qwen3 models
             (no sliding-window layers); nothing may be skipped. docs/invariance.md lists
             what it replaces and costs.
 

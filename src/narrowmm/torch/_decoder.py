@@ -1,5 +1,5 @@
-"""A whole decode step of a batch-invariant Llama-family model (Llama, Qwen2) in one C call
-(:class:`Decoder`), and a ``generate`` driving it.
+"""A whole decode step of a batch-invariant Llama-family model (Llama, Qwen2, Qwen3) in one
+C call (:class:`Decoder`), and a ``generate`` driving it.
 
 The step (``csrc/model/llama.c``) runs every layer with the C core's own ops, the ones the
 batch-invariant model (``convert(..., batch_invariant=True)`` or ``from_gguf(...,
@@ -55,7 +55,7 @@ def _float32_vector(t: torch.Tensor, name: str) -> np.ndarray:
 
 
 class Decoder:
-    """Runs a batch-invariant ``transformers`` Llama or Qwen2 model a whole step per C call.
+    """Runs a batch-invariant ``transformers`` Llama, Qwen2 or Qwen3 model a step per C call.
 
     ``Decoder(model)`` reads the model as it is now (its narrowmm layers' buffers, norms,
     embedding and rotary table; later changes to the model are not seen). The model must
@@ -91,8 +91,11 @@ class Decoder:
         head_dim = int(getattr(attn0, "head_dim", 0) or config.hidden_size //
                        config.num_attention_heads)
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        eps = {float(m.eps) for layer in layers
-               for m in (layer.input_layernorm, layer.post_attention_layernorm)}
+        head_norms = [(getattr(layer.self_attn, "q_norm", None),
+                       getattr(layer.self_attn, "k_norm", None)) for layer in layers]
+        eps = {float(m.eps) for layer, qk in zip(layers, head_norms, strict=True)
+               for m in (layer.input_layernorm, layer.post_attention_layernorm, *qk)
+               if m is not None}
         eps.add(float(base.norm.eps))
         if len(eps) != 1:
             raise ValueError(f"the model's norms use several epsilons {sorted(eps)}")
@@ -103,6 +106,12 @@ class Decoder:
         for i, layer in enumerate(layers):
             a, m = layer.self_attn, layer.mlp
             p = f"model.layers.{i}."
+            q_norm, k_norm = head_norms[i]
+            if (q_norm is None) != (k_norm is None):
+                raise ValueError(f"{p}self_attn has one of q_norm and k_norm, not both")
+            qk = () if q_norm is None else (  # Qwen3's norms of each head's query and key
+                _float32_vector(q_norm.weight, p + "self_attn.q_norm"),
+                _float32_vector(k_norm.weight, p + "self_attn.k_norm"))
             specs.append((
                 _float32_vector(layer.input_layernorm.weight, p + "input_layernorm"),
                 _linear_spec(a.q_proj, p + "self_attn.q_proj"),
@@ -113,7 +122,7 @@ class Decoder:
                                 p + "post_attention_layernorm"),
                 _linear_spec(m.gate_proj, p + "mlp.gate_proj"),
                 _linear_spec(m.up_proj, p + "mlp.up_proj"),
-                _linear_spec(m.down_proj, p + "mlp.down_proj")))
+                _linear_spec(m.down_proj, p + "mlp.down_proj"), *qk))
         embed = _float32_vector(base.embed_tokens.weight, "model.embed_tokens")
         self.vocab_size, self.hidden_size = embed.shape
         shape = (len(layers), self.hidden_size, heads, kv_heads, head_dim,

@@ -30,11 +30,12 @@ from ..providers.native import checked_core
 
 ATTENTION_NAME = "narrowmm"
 _ROTARY_BLOCK = 256
-# Architectures whose every op is covered here, both tested: llama, and qwen2 (Llama's
-# layers with biases on q, k and v; its sliding-window layers are refused).
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm")
-_ROTARY_CLASSES = ("LlamaRotaryEmbedding", "Qwen2RotaryEmbedding")
+# Architectures whose every op is covered here, each tested: llama; qwen2 (Llama's layers
+# with biases on q, k and v); qwen3 (RMS norms on each head's query and key, before the
+# rotation). Sliding-window layers are refused.
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+_ROTARY_CLASSES = ("LlamaRotaryEmbedding", "Qwen2RotaryEmbedding", "Qwen3RotaryEmbedding")
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 

@@ -1,6 +1,6 @@
 """``narrowmm.torch.invariance``: the batch-invariance proof as a public harness, shared by
 ``examples/batch_invariance.py``, ``narrowmm bench --model llama`` and the tests: a
-Llama-architecture ``transformers`` model (or a Qwen2 one) with random weights, a fixed set
+Llama-architecture ``transformers`` model (or a Qwen2 / Qwen3 one) with random weights, a fixed set
 of prompts, and the logits of each prompt under every condition (batch composition,
 threads, prefill or decode), compared bit for bit.
 
@@ -21,7 +21,8 @@ from .. import _threads
 
 __all__ = ["PROMPT_LENGTHS", "SIZES", "Conditions", "batch_conditions", "compositions",
            "decode_logits", "digest", "fixed_prompts", "greedy", "left_padded", "llama_config",
-           "prompt_logits", "qwen2_config", "random_llama", "random_qwen2", "set_threads"]
+           "prompt_logits", "qwen2_config", "qwen3_config", "random_llama", "random_qwen",
+           "set_threads"]
 
 # Prompt lengths: different, so that a batch pads every prompt but the longest.
 PROMPT_LENGTHS = (3, 7, 12, 20, 5, 31, 9, 16)
@@ -62,18 +63,33 @@ def qwen2_config(size: str = "small") -> transformers.Qwen2Config:
                                     **SIZES[size])
 
 
-def random_qwen2(config: transformers.Qwen2Config, dtype: torch.dtype,
-                 seed: int = 0) -> transformers.Qwen2ForCausalLM:
-    """A Qwen2 model of ``config`` drawn as :func:`random_llama` draws a Llama, its q / k /
-    v biases then drawn from N(0, 0.5^2) (``transformers`` starts them at zero, which
-    would leave them untested)."""
+def qwen3_config(size: str = "small") -> transformers.Qwen3Config:
+    """A Qwen3 config of a named size (:data:`SIZES`): Llama's layers with RMS norms on
+    each head's query and key, no biases, heads of 64 (as in Qwen3's models, the heads
+    together are wider than the hidden size at the small size), full attention in every
+    layer, sdpa, untied embeddings."""
+    return transformers.Qwen3Config(max_position_embeddings=2048, rms_norm_eps=1e-6,
+                                    tie_word_embeddings=False, attn_implementation="sdpa",
+                                    **{**SIZES[size], "head_dim": 64})
+
+
+def random_qwen(config: transformers.Qwen2Config | transformers.Qwen3Config,
+                dtype: torch.dtype, seed: int = 0) -> transformers.PreTrainedModel:
+    """A Qwen2 or Qwen3 model of ``config`` drawn as :func:`random_llama` draws a Llama,
+    then what ``transformers`` starts at a constant drawn too, so that it is tested: Qwen2's
+    q / k / v biases from N(0, 0.5^2), Qwen3's query and key norm weights from
+    N(1, 0.2^2)."""
     torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(config)
+    model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for layer in model.model.layers:
             attn = layer.self_attn
             for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
-                proj.bias.normal_(0.0, 0.5)
+                if proj.bias is not None:
+                    proj.bias.normal_(0.0, 0.5)
+            for head_norm in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)):
+                if head_norm is not None:
+                    head_norm.weight.normal_(1.0, 0.2)
     return model.to(dtype).eval()
 
 
