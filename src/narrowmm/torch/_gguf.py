@@ -114,11 +114,15 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
 
     The configuration comes from the file's metadata, as ``transformers`` reads it
     (``AutoConfig.from_pretrained(folder, gguf_file=name)``); so does the tokenizer, which
-    ``transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)`` builds. Norms and
-    the token embedding table are float32 (their exact values). A tied output layer shares
-    the embedding's narrow blocks. The query and key projections get the row order
-    ``transformers`` gives them (llama.cpp permutes their rows for its rotary code): a
-    permutation of output features, so every weight keeps its bits.
+    ``transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)`` builds. Norms,
+    the layers' biases (Qwen2's on q, k and v) and the token embedding table are float32
+    (their exact values), each changed as ``transformers``' processor for the architecture
+    changes it (Gemma's norms: ``w - 1``). A tied output layer shares the embedding's
+    narrow blocks. The query and key projections get the row order ``transformers`` gives
+    them (llama.cpp permutes their rows for its rotary code): a permutation of output
+    features, so every weight keeps its bits. ``batch_invariant=True`` and
+    :class:`Decoder` take Llama, Qwen2 and Qwen3 files; the other architectures
+    ``transformers`` reads build without them.
 
     Args:
         path: the ``.gguf`` file.
@@ -133,7 +137,10 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         GGUFError: a malformed file, or a tensor of a type narrowmm does not load (the IQ
             types but IQ4_NL and IQ4_XS, TQ1_0, TQ2_0, ...: the error names the tensor, its
             type and the types that load); ValueError: a model the file's architecture does
-            not describe.
+            not describe, or a tensor of it (a weight, a bias) the file lacks or holds in
+            another shape, named; NotImplementedError: an architecture whose linear weights
+            ``transformers`` reshapes rather than reorders (GPT-2's, transposed) or moves
+            elsewhere (the experts of a mixture).
         TypeError: ``pack`` is not a bool (``None`` chose a per-layer rule before
         2026-12-03; every layer is packed now).
     """
