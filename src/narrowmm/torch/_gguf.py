@@ -139,8 +139,8 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
             type and the types that load); ValueError: a model the file's architecture does
             not describe, or a tensor of it (a weight, a bias) the file lacks or holds in
             another shape, named; NotImplementedError: an architecture whose linear weights
-            ``transformers`` reshapes rather than reorders (GPT-2's, transposed) or moves
-            elsewhere (the experts of a mixture).
+            ``transformers`` reshapes rather than reorders (GPT-2's, transposed), or whose
+            tensors it loads under other names.
         TypeError: ``pack`` is not a bool (``None`` chose a per-layer rule before
         2026-12-03; every layer is packed now).
     """
