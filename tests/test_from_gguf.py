@@ -234,6 +234,25 @@ def test_a_float_tensor_of_a_type_narrowmm_does_not_decode_is_refused_by_name(tm
             _float_tensor(f, name, gguf_utils.TensorProcessor(), shape)
 
 
+def assert_runs_as_the_float32_model_and_in_the_decoder(model, path: Path) -> None:
+    """``model`` (from_gguf of ``path``, batch-invariant) writes transformers' float32 model
+    of the file's greedy tokens, its logits within float32 rounding of that model's (and not
+    equal: the check cannot pass on a copy), and the Decoder gives its own bits."""
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32)
+    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314]])
+    with torch.inference_mode():
+        ours = model.generate(ids, max_new_tokens=6, do_sample=False)
+        assert torch.equal(ours, reference.generate(ids, max_new_tokens=6, do_sample=False))
+        logits = model(ours).logits
+        diff = (logits - reference(ours).logits).abs().max().item()
+    assert 0 < diff < 1e-4 * max(1.0, logits.abs().max().item())
+    decoder = nmt.Decoder(model)
+    decoder.reset(1, ours.shape[1])
+    steps = decoder.step(ours, torch.arange(ours.shape[1])[None], [0])
+    assert_same_bits(steps[0].numpy(), logits[0, -1].numpy())
+
+
 def test_a_qwen2_file_keeps_its_biases_and_runs_as_its_float32_model(tmp_path):
     """A Qwen2 file (tools/write_llama_gguf.py --arch qwen2: Q4_0 layers, float32 biases on
     q, k and v): every bias is the file's, bit for bit, in its layer; the logits are within
@@ -253,19 +272,7 @@ def test_a_qwen2_file_keeps_its_biases_and_runs_as_its_float32_model(tmp_path):
             assert proj.format.name == "q4_0"
             assert_same_bits(proj.bias.numpy(), np.asarray(f.array(f"blk.{i}.attn_{name}.bias")))
         assert layer.self_attn.o_proj.bias is None
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, gguf_file=path.name, dtype=torch.float32)
-    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314]])
-    with torch.inference_mode():
-        ours = model.generate(ids, max_new_tokens=6, do_sample=False)
-        assert torch.equal(ours, reference.generate(ids, max_new_tokens=6, do_sample=False))
-        logits = model(ours).logits
-        diff = (logits - reference(ours).logits).abs().max().item()
-    assert 0 < diff < 1e-4 * max(1.0, logits.abs().max().item())
-    decoder = nmt.Decoder(model)
-    decoder.reset(1, ours.shape[1])
-    steps = decoder.step(ours, torch.arange(ours.shape[1])[None], [0])
-    assert_same_bits(steps[0].numpy(), logits[0, -1].numpy())
+    assert_runs_as_the_float32_model_and_in_the_decoder(model, path)
 
 
 def copy_gguf(source: Path, out: Path, drop: str) -> Path:
@@ -349,16 +356,4 @@ def test_a_qwen3_file_runs_as_its_float32_model_and_its_decoder_gives_its_bits(t
     attn = model.model.layers[1].self_attn
     assert (attn.q_proj.out_features, attn.q_proj.format.name) == (512, "q4_1")
     assert_same_bits(attn.k_norm.weight.numpy(), np.asarray(f.array("blk.1.attn_k_norm.weight")))
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, gguf_file=path.name, dtype=torch.float32)
-    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314]])
-    with torch.inference_mode():
-        ours = model.generate(ids, max_new_tokens=6, do_sample=False)
-        assert torch.equal(ours, reference.generate(ids, max_new_tokens=6, do_sample=False))
-        logits = model(ours).logits
-        diff = (logits - reference(ours).logits).abs().max().item()
-    assert 0 < diff < 1e-4 * max(1.0, logits.abs().max().item())
-    decoder = nmt.Decoder(model)
-    decoder.reset(1, ours.shape[1])
-    steps = decoder.step(ours, torch.arange(ours.shape[1])[None], [0])
-    assert_same_bits(steps[0].numpy(), logits[0, -1].numpy())
+    assert_runs_as_the_float32_model_and_in_the_decoder(model, path)
