@@ -1,5 +1,5 @@
-"""Whole-model batch invariance (docs/invariance.md): a random Llama (and a Qwen2) from
-transformers in bf16, 8 prompts of different lengths; every prompt's logits are
+"""Whole-model batch invariance (docs/invariance.md): a random Llama (and a Qwen2, a Qwen3)
+from transformers in bf16, 8 prompts of different lengths; every prompt's logits are
 bit-identical alone, in a batch of 4 and in a batch of 8, on 1, 2 and 3 threads, on every
 ISA row, and in prefill and decode; greedy generate() gives the same tokens alone and
 batched. Plain PyTorch on the same model is the control, side by side."""
