@@ -27,9 +27,12 @@ def _need_atheris() -> None:
 
 
 def _fuzz(target: str, corpus: Path) -> str:
+    # the target's scratch file in the test's own directory (pytest removes old ones), not
+    # a directory left in /tmp by every run
+    env = {**os.environ, "TMPDIR": str(corpus.parent)}
     out = subprocess.run([sys.executable, str(FUZZ / target), str(corpus),
                           f"-max_total_time={SECONDS}", "-rss_limit_mb=4096"],
-                         capture_output=True, text=True, timeout=SECONDS * 10)
+                         capture_output=True, text=True, timeout=SECONDS * 10, env=env)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     runs = re.search(r"Done (\d+) runs", text)
