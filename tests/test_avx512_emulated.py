@@ -27,7 +27,7 @@ import pytest
 from conftest import assert_same_bits
 
 import narrowmm as nm
-from narrowmm._weights import pack_slivers
+from narrowmm._weights import pack_slivers, sliver_major
 from narrowmm.providers.native import use_isa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,6 +292,11 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
     if packed_layout:
         slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_NR)
         job = dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0)
+        if rng.integers(2):  # the grid sliver-major, as packed weights give it (nm_scales.lsl)
+            grids = 2 if f.offsets else 1
+            cols = slivers.shape[0] * AVX512_NR
+            sm = sliver_major(grid[:, :cols], grids, AVX512_NR)
+            job = dict(job, s=sm.tobytes(), s_ld=AVX512_NR, s_lsl=sm.shape[1] * AVX512_NR)
     return job, want, (m, n + pad, n)
 
 

@@ -19,7 +19,7 @@ from conftest import assert_oracle_bits_on_every_path, assert_same_bits, require
 
 import narrowmm as nm
 from narrowmm.providers import use_provider
-from narrowmm.providers.native import core
+from narrowmm.providers.native import core, use_isa
 
 gguf = require("gguf")
 gguf_quants = require("gguf.quants")
@@ -388,7 +388,7 @@ def test_scales_that_are_not_binary16_keep_a_float32_grid(fmt, isa):
     offsets = nm.Scales.blocks(np.full((1, 40), 0.5, np.float32), (64, 1))
     w = nm.Weights.from_bits(q, fmt, scales, offsets if f.offsets else None)
     assert w.kernel_scales(40)[0].dtype == np.float32
-    assert w.pack().kernel_scales(64)[0].dtype == np.float32
+    assert w.pack().kernel_scales()[0].dtype == np.float32
     for m in (1, 2, 5):
         assert_oracle_bits_on_every_path(rng.standard_normal((m, 64)).astype(np.float32), w)
 
@@ -443,3 +443,64 @@ def test_the_bench_times_the_gguf_block_types_as_a_file_loads_them(fmt):
     want = gguf_quants.dequantize(blocks.reshape(n, -1), gguf.GGMLQuantizationType[ggml]).T
     assert_same_bits(w.decode(), np.ascontiguousarray(want, np.float32))
     assert np.isfinite(want).all() and (want != 0).any()
+
+
+@pytest.mark.parametrize("fmt,bk,half", [("q4_1", 32, False), ("q4_0", 32, True),
+                                         ("q8_0", 16, False), ("q5_1", 32, True),
+                                         ("e4m3fn", 64, False)])
+def test_packed_grids_are_sliver_major_and_give_the_row_major_bits(isa, fmt, bk, half):
+    """Packed weights hand the kernels their grid sliver-major (each sliver's blocks in a
+    row, nm_scales.lsl), the same values as the row-major grid; the native core gives the
+    same bits with either, at m = 1, 2 (the walks that stream it) and 5 (the tiles), on 1
+    and 2 threads; the binding refuses a sliver-major grid that does not fit."""
+    from narrowmm._weights import row_major
+
+    rng = np.random.default_rng(12)
+    f = nm.get_format(fmt)
+    k, n = 192, 100  # 4 slivers of 32 (avx512; avx2 5 of 24; scalar's), the last partial
+    q = rng.integers(0, 1 << (f.code_bits or 8), (k // f.kpack, n), dtype=np.uint8)
+    if f.special_bits:
+        q &= np.uint8(0x77)  # no NaN codes: the values below compare with ==
+    grid = rng.integers(1, 2048, (k // bk, n)).astype(np.float32) * np.float32(2.0**-14)
+    if not half:
+        grid *= np.float32(37.0)  # off binary16's numbers: a float32 grid, as Q4_K's d * sc
+    scales = nm.Scales(grid, (bk, 1))
+    offsets = nm.Scales(-grid * np.float32(2.0), (bk, 1)) if f.offsets else None
+    w = nm.Weights.from_bits(q, fmt, scales, offsets)
+    with use_isa(isa):
+        p = w.pack()
+        got, got_bk, finite = p.kernel_scales()
+        grids, slivers, blocks = 2 if f.offsets else 1, p.bits.shape[0], k // bk
+        assert got.shape == (grids * slivers, blocks, p.width) and got_bk == bk
+        assert got.dtype == (np.float16 if half and f.half_scales else np.float32)
+        rows, _, _ = w.kernel_scales(slivers * p.width)  # row-major: float32, times 2^r
+        assert_same_bits(row_major(got.astype(np.float32), grids), rows)
+        t, b, j = slivers - 1, blocks - 1, (n - 1) % p.width  # the last real column
+        assert got[t, b, j] == rows[b, n - 1]
+        with pytest.raises(ValueError, match="not ld=7"):
+            p.kernel_scales(7)
+        c = core()
+        x = rng.standard_normal((5, k)).astype(np.float32)
+        before = nm.get_num_threads()
+        try:
+            for threads in (1, 2):
+                nm.set_num_threads(threads)
+                for m in (1, 2, 5):
+                    outs = []
+                    for g in (got, rows):
+                        out = np.empty((m, n), np.float32)
+                        c.matmul_packed(f.code, x[:m], p.sliver_rows, n, out, False, g, bk,
+                                        finite)
+                        outs.append(out)
+                    assert_same_bits(outs[0], outs[1])
+                    assert_same_bits(outs[0], nm.matmul(x[:m], w))
+        finally:
+            nm.set_num_threads(before)
+        out = np.empty((1, n), np.float32)
+        for bad in (got[:, :-1], got.reshape(grids * slivers, -1, p.width * 2)
+                    if blocks % 2 == 0 else got[:, :, :-1], got[grids:]):
+            with pytest.raises(ValueError, match="do not cover"):
+                c.matmul_packed(f.code, x[:1], p.sliver_rows, n, out, False,
+                                np.ascontiguousarray(bad), bk, finite)
+        with pytest.raises(TypeError, match="2-D"):  # row-major weights: a 2-D grid only
+            c.matmul(f.code, x[:1], w.bits, out, False, got, bk, finite)

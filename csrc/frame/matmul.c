@@ -46,24 +46,23 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * 0.98-1.07x, but m = 32 0.95-1.05x and m = 16 with k = 14336 (896 KiB of A) 0.97-0.99x. */
 #define NM_SLIVER_OUTER_ROWS 16
 #define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
-/* The m <= 2 packed path under short blocks of scales walks chunks of slivers, each sliver
- * in a chunk one stream. A short sliver (at most NM_GEMV_SHORT_SLIVER_BYTES) ends before the
- * hardware's stream prefetch has ramped up: chunks of NM_BLOCKED_GEMV_SLIVERS, and for the
- * 4-bit formats a prefetch NM_GEMV_PREFETCH_AHEAD blocks of scales ahead in the walk
- * (prefetch_gemv_block says why). A longer one, at m = 1, takes chunks of
- * NM_LONG_GEMV_SLIVERS, fewer streams at once: measured on an AMD Zen 5 (in process, cold,
- * Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192) 1.02-1.28x at 2 threads and 0.89-1.29x at 1 (10 of
- * 12 above 1.0), the avx2 row 0.99-1.23x; at m = 2 on 4-bit slivers it was mixed
- * (0.80-1.27x), so two rows keep NM_BLOCKED_GEMV_SLIVERS. Short slivers of the 8-bit formats
- * (Q8_0, FP8 under blocks of scales) at m = 1 take one sliver at a time
- * (NM_SHORT_BYTE_GEMV_SLIVERS): the packed slivers follow each other in memory, so the call
- * reads its codes as one stream. Measured on a Zen 5 (in process, cold, k of 576 and 768)
- * at 1 thread: Q8_0 1.07-1.26x and e4m3fn 1.17-1.23x on avx512, Q8_0 1.21-1.36x on avx2; at 2
- * threads 0.96-1.14x. The 4-bit formats ran 0.64-0.77x so: they keep chunks. */
+/* The m <= 2 packed path under short blocks of scales walks chunks of slivers, each chunk
+ * through all of k in one call, each sliver (and its part of the sliver-major grid,
+ * nm_scales.lsl) one stream. At m = 1 chunks of NM_LONG_GEMV_SLIVERS, fewer streams at once:
+ * measured on an AMD Zen 5 (in process, cold, Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192)
+ * 1.02-1.28x at 2 threads and 0.89-1.29x at 1 against chunks of 8, the avx2 row 0.99-1.23x;
+ * at m = 2 on 4-bit slivers it was mixed (0.80-1.27x), so two rows keep
+ * NM_BLOCKED_GEMV_SLIVERS. Short slivers of the 8-bit formats (at most
+ * NM_GEMV_SHORT_SLIVER_BYTES: Q8_0, FP8 under blocks of scales) at m = 1 take one sliver at a
+ * time (NM_SHORT_BYTE_GEMV_SLIVERS): the packed slivers follow each other in memory, so the
+ * call reads its codes as one stream (Zen 5, k of 576 and 768, 1 thread: Q8_0 1.07-1.26x,
+ * e4m3fn 1.17-1.23x on avx512, Q8_0 1.21-1.36x on avx2; 2 threads 0.96-1.14x; the 4-bit
+ * formats ran 0.64-0.77x so). Short 4-bit slivers used to walk a block of scales at a time
+ * with a prefetch two blocks ahead (1.10-1.76x on the Zen 5 with row-major grids); with
+ * sliver-major grids that walk was the slowest (Zen 4, docs/kernels.md), so it went. */
 #define NM_BLOCKED_GEMV_SLIVERS 8
 #define NM_LONG_GEMV_SLIVERS 4
 #define NM_SHORT_BYTE_GEMV_SLIVERS 1
-#define NM_GEMV_PREFETCH_AHEAD 2
 #define NM_GEMV_SHORT_SLIVER_BYTES ((int64_t)24 << 10)
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
  * cost more than it saves. */
@@ -110,7 +109,7 @@ static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, in
  * grid's width (nm_scales.s or s16), or NULL: for the prefetch hints. */
 static const void *grid_at(const matmul_job *job, int offsets, int64_t p, int64_t j) {
     const nm_scales *sc = job->scales;
-    const int64_t at = (p / sc->bk) * sc->ld + j;
+    const int64_t at = nm_grid_offset(sc, p / sc->bk, j);
     if (sc->s16) {
         const uint16_t *g = offsets ? sc->o16 : sc->s16;
         return g ? g + at : NULL;
@@ -138,9 +137,9 @@ static void float_scales(const matmul_job *job, int64_t p, int64_t pe, int64_t j
     }
     const int64_t q0 = p / sc->bk, blocks = (pe - 1) / sc->bk - q0 + 1;
     const nm_decode_fn widen = job->isa->decode[NM_FMT_FP16];
-    for (int64_t q = 0; q < blocks; ++q) {
-        widen(sc->s16 + (q0 + q) * sc->ld + j, buf + q * w, w);
-        if (sc->o16) widen(sc->o16 + (q0 + q) * sc->ld + j, buf + (blocks + q) * w, w);
+    for (int64_t q = 0; q < blocks; ++q) { /* w columns of one sliver if sliver-major */
+        widen(sc->s16 + nm_grid_offset(sc, q0 + q, j), buf + q * w, w);
+        if (sc->o16) widen(sc->o16 + nm_grid_offset(sc, q0 + q, j), buf + (blocks + q) * w, w);
     }
     *s = buf;
     *o = sc->o16 ? buf + blocks * w : NULL;
@@ -224,13 +223,17 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
 }
 
 /* A hint (a prefetch never faults) for the scales and offsets of columns j.. (w wide) in the
- * block of scales of row p: a line per 64 bytes of the grid's row. */
+ * block of scales of row p: a line per 64 bytes of the grid's row, or of each sliver's part
+ * of it (a sliver-major grid). */
 static void prefetch_block_scales(const matmul_job *job, int64_t p, int64_t j, int64_t w) {
     const int64_t item = job->scales->s16 ? 2 : 4;
-    const char *s = grid_at(job, 0, p, j), *o = grid_at(job, 1, p, j);
-    for (int64_t x = 0; x < w * item; x += 64) {
-        __builtin_prefetch(s + x);
-        if (o) __builtin_prefetch(o + x);
+    const int64_t run = job->scales->lsl ? min64(w, job->isa->nr) : w; /* contiguous columns */
+    for (int64_t t = j; t < j + w; t += run) {
+        const char *s = grid_at(job, 0, p, t), *o = grid_at(job, 1, p, t);
+        for (int64_t x = 0; x < min64(run, j + w - t) * item; x += 64) {
+            __builtin_prefetch(s + x);
+            if (o) __builtin_prefetch(o + x);
+        }
     }
 }
 
@@ -246,25 +249,6 @@ static void prefetch_sliver_block(const matmul_job *job, int64_t p, int64_t j) {
     for (int64_t r = 0; r < (pe - p) / kpack; ++r)
         for (int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(b + r * ldb + x);
     for (int64_t q = p; q < pe; q += job->scales->bk) prefetch_block_scales(job, q, j, nr);
-}
-
-/* Hints for the m <= 2 packed path under short blocks of scales: rows [p, p + bk) of the
- * slivers of columns j.. (w wide), and their scales and offsets. Its chunks of slivers walk
- * k a block at a time, each sliver one stream; a short sliver (the narrow layers: k of 576
- * is 9 KiB of Q4 codes) ends before the hardware's stream prefetch has ramped up, and the
- * next chunk starts cold. Measured on an AMD Zen 5 (docs/kernels.md): Q4 with k up to 1536
- * 1.10-1.76x faster at m = 1 and 2; ahead of longer slivers mostly slower (0.84-0.92x in
- * most runs), and Q8_0 with k of 576 0.90-0.98x: hence the cap and the 4-bit formats only. */
-static void prefetch_gemv_block(const matmul_job *job, int64_t p, int64_t j, int64_t w) {
-    const int64_t nr = job->isa->nr, kpack = nm_format_table[job->fmt].kpack;
-    const int64_t rows = min64(job->scales->bk, job->k - p); /* a last, shorter block */
-    const int64_t bytes = rows / kpack * nr * nm_format_table[job->fmt].itemsize;
-    for (int64_t t = j; t < j + w; t += nr) {
-        int64_t ldb;
-        const char *b = (const char *)weights_at(job, p, t, &ldb);
-        for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(b + x);
-    }
-    prefetch_block_scales(job, p, j, w);
 }
 
 /* Pack a sliver narrower than NR (the range's last), kc rows from row pc, a block of scales
@@ -447,19 +431,14 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
          * one stream, and one packed gemv call per chunk keeps its C in registers. */
         const int64_t sliver_bytes = job->k / nm_format_table[job->fmt].kpack * isa->nr *
                                      nm_format_table[job->fmt].itemsize;
-        const int short_slivers = sliver_bytes <= NM_GEMV_SHORT_SLIVER_BYTES;
-        const int64_t chunk_slivers = rows > 1 ? NM_BLOCKED_GEMV_SLIVERS
-                                      : !short_slivers ? NM_LONG_GEMV_SLIVERS
-                                      : nm_format_table[job->fmt].kpack == 1
-                                          ? NM_SHORT_BYTE_GEMV_SLIVERS
-                                          : NM_BLOCKED_GEMV_SLIVERS;
+        const int short_byte_slivers = sliver_bytes <= NM_GEMV_SHORT_SLIVER_BYTES &&
+                                       nm_format_table[job->fmt].kpack == 1;
+        const int64_t chunk_slivers = rows > 1              ? NM_BLOCKED_GEMV_SLIVERS
+                                      : short_byte_slivers ? NM_SHORT_BYTE_GEMV_SLIVERS
+                                                           : NM_LONG_GEMV_SLIVERS;
         const int64_t chunk = job->packed && job->scales && job->scales->bk < job->k
                                   ? chunk_slivers * isa->nr
                                   : j1 - j0;
-        const int64_t ahead = chunk < j1 - j0 && nm_format_table[job->fmt].kpack > 1 &&
-                                      short_slivers
-                                  ? NM_GEMV_PREFETCH_AHEAD * job->scales->bk
-                                  : 0;
         /* a binary16 grid's block, widened for the row-major gemvs (the packed ones read it
          * as it is) */
         const int widen = job->scales && job->scales->s16 && !job->packed;
@@ -472,41 +451,39 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         for (int64_t jc = j0; jc < j1; jc += chunk) {
             const int64_t w = min64(chunk, j1 - jc);
             float *c = job->c + i0 * job->ldc + jc;
-            /* packed weights without the prefetch: one call through all of k, the kernel
-             * stepping through the blocks of scales with C in registers (nm_gemv_packed_fn);
-             * else a call per block of scales */
-            const int whole_k = job->packed && !ahead;
+            /* packed weights: one call through all of k, the kernel stepping through the
+             * blocks of scales with C in registers (nm_gemv_packed_fn); row-major ones: a
+             * call per block of scales */
+            const int whole_k = job->packed;
             for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) {
                 p1 = whole_k ? job->k : k_range_end(job, p0, job->k);
-                if (ahead) { /* the block `ahead` rows on in the walk, in the next chunk */
-                    const int64_t pa = (p0 + ahead) % job->k;
-                    const int64_t ja = jc + (p0 + ahead >= job->k ? chunk : 0);
-                    if (ja < j1) prefetch_gemv_block(job, pa, ja, min64(chunk, j1 - ja));
-                }
                 int64_t ldb;
                 const uint8_t *b = weights_at(job, p0, jc, &ldb);
                 const int64_t bk = whole_k && job->scales ? job->scales->bk : p1 - p0;
                 const int64_t lds = whole_k && job->scales ? job->scales->ld : 0;
+                /* from one sliver's scales to the next's */
+                const int64_t lsl = job->scales && job->scales->lsl ? job->scales->lsl : isa->nr;
                 if (job->packed && job->scales && job->scales->s16) {
                     const uint16_t *s = grid_at(job, 0, p0, jc), *o = grid_at(job, 1, p0, jc);
                     if (rows == 1)
                         isa->gemv_packed_half[job->fmt](p1 - p0, job->k, w, a + p0, b, c, s, o,
-                                                        bk, lds);
+                                                        bk, lds, lsl);
                     else
                         isa->gemv2_packed_half[job->fmt](p1 - p0, job->k, w, a + p0, job->lda,
-                                                         b, c, job->ldc, s, o, bk, lds);
+                                                         b, c, job->ldc, s, o, bk, lds, lsl);
                     continue;
                 }
                 const float *s, *o;
                 int64_t unused_lds;
                 float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &unused_lds);
                 if (rows == 1 && job->packed)
-                    isa->gemv_packed[slot](p1 - p0, job->k, w, a + p0, b, c, s, o, bk, lds);
+                    isa->gemv_packed[slot](p1 - p0, job->k, w, a + p0, b, c, s, o, bk, lds,
+                                           lsl);
                 else if (rows == 1)
                     isa->gemv[slot](p1 - p0, w, a + p0, b, ldb, c, s, o);
                 else if (job->packed)
                     isa->gemv2_packed[slot](p1 - p0, job->k, w, a + p0, job->lda, b, c,
-                                           job->ldc, s, o, bk, lds);
+                                           job->ldc, s, o, bk, lds, lsl);
                 else
                     isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
             }
@@ -561,7 +538,14 @@ static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int
     if (bias && accumulate) return NM_EINVAL; /* a chain starts from one value */
     /* a scaled format needs its scales, and only it takes them */
     if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
-    if (scales && (scales->bk <= 0 || scales->ld < n)) return NM_EINVAL;
+    if (scales && scales->bk <= 0) return NM_EINVAL;
+    /* a row-major grid covers n columns; a sliver-major one (packed weights only) is NR
+     * floats a block, each sliver's blocks clear of the next sliver's */
+    if (scales && !scales->lsl && scales->ld < n) return NM_EINVAL;
+    if (scales && scales->lsl &&
+        (!packed || scales->ld != isa->nr ||
+         scales->lsl < (k == 0 ? 1 : (k + scales->bk - 1) / scales->bk) * scales->ld))
+        return NM_EINVAL;
     /* one grid: float32 (s, o), or binary16 (s16, o16) for a format that takes it, on a row
      * with its binary16 gemvs */
     if (scales && (!scales->s == !scales->s16 || (scales->s16 && scales->o) ||

@@ -14,6 +14,12 @@ enum nm_status { NM_OK = 0, NM_ENOMEM = -1, NM_EINVAL = -2 };
  * weight (p, j) is fl32(decode(B[p][j]) * scale) with s[(p / bk) * ld + j] = scale * 2^r,
  * so each block of bk rows shares one row of s (bk >= k: one row for all). Every s must be
  * finite. ld >= n; for packed weights ld >= ceil(n / NR) * NR, the padding columns finite.
+ * Packed weights may instead have their grid sliver-major, as their codes are (lsl > 0):
+ * each NR-column sliver's blocks one after another, ld = NR floats a block, lsl floats
+ * from one sliver's grid to the next (lsl >= blocks * NR):
+ *     s[(j / NR) * lsl + (p / bk) * NR + j % NR]
+ * so the m <= 2 walks read a sliver's scales as one stream beside its codes, not a row
+ * every ld floats (measured: docs/kernels.md, "Grids that follow the slivers").
  * finite != 0 promises that no weight is a NaN or Inf code (faster kernels; a broken
  * promise gives wrong values for those weights, nothing worse). The Python side makes this
  * form from per-tensor, per-column and 2-D block scales (narrowmm/_scales.py). */
@@ -29,7 +35,25 @@ typedef struct nm_scales {
      * are binary16 numbers: GGUF's d and m), then s and o are NULL: the same layout, half the
      * bytes for the m <= 2 walks to stream, each value widened exactly where it is read. */
     const uint16_t *s16, *o16;
+    int64_t lsl; /* 0: the grid is row-major; else sliver-major, lsl floats a sliver */
 } nm_scales;
+
+/* The offset of the scale of column j in block q (p / bk) of a grid, in elements. */
+static inline int64_t nm_grid_offset(const nm_scales *sc, int64_t q, int64_t j) {
+    return sc->lsl ? j / sc->ld * sc->lsl + q * sc->ld + j % sc->ld : q * sc->ld + j;
+}
+
+/* The scales of columns j.. of sc (j a multiple of the sliver width for a sliver-major
+ * grid): what a call on those columns alone takes. */
+static inline nm_scales nm_scales_from_column(const nm_scales *sc, int64_t j) {
+    nm_scales out = *sc;
+    const int64_t at = nm_grid_offset(sc, 0, j);
+    if (out.s) out.s += at;
+    if (out.o) out.o += at;
+    if (out.s16) out.s16 += at;
+    if (out.o16) out.o16 += at;
+    return out;
+}
 
 /* C[m x n] (+)= A[m x k] @ W[k x n] under the fma-chain contract, W = decode(B) (times the
  * scales, for a scaled format: `scales` is NULL exactly for the others).

@@ -297,7 +297,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                                 LOADW, FMA, SCV)                                             \
     static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
                             const uint8_t *b, float *c, int64_t ldc, const ST *s,           \
-                            const ST *o, int64_t bk, int64_t lds) {                          \
+                            const ST *o, int64_t bk, int64_t lds, int64_t lsl) {             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t sliver_ = ks * (NRW) * (ITEM);                                         \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block of scales */         \
@@ -314,7 +314,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                 _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =          \
                     SET1(a[r_ * lda + p]);                                                   \
                 _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
-                    const int64_t col_ = w_ / V_ * (NRW) + (w_ % V_) * (L);                  \
+                    const int64_t col_ = w_ / V_ * lsl + (w_ % V_) * (L);                    \
                     (void)col_; /* unscaled formats read no scales */                        \
                     const VEC wv_ =                                                          \
                         SCV(LOADW(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L) * (ITEM)),      \
@@ -330,22 +330,22 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
 
 /* The walk over n columns shared by both: G-sliver groups, single slivers, the padded tail. */
 #define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, o, bk,   \
-                             lds)                                                            \
+                             lds, lsl)                                                       \
     do {                                                                                     \
         const int64_t sliver = (ks) * (NRW) * (ITEM);                                        \
         int64_t j = 0;                                                                       \
         for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
-            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL,             \
-                          (o) ? (o) + j : NULL, bk, lds);                                    \
+            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j / (NRW) * (lsl) : NULL, \
+                          (o) ? (o) + j / (NRW) * (lsl) : NULL, bk, lds, lsl);               \
         for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
-            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j : NULL,               \
-                        (o) ? (o) + j : NULL, bk, lds);                                      \
+            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) ? (s) + j / (NRW) * (lsl) : NULL, \
+                        (o) ? (o) + j / (NRW) * (lsl) : NULL, bk, lds, lsl);                 \
         if (j < (n)) {                                                                       \
             _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
             const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
             for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
-            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) ? (s) + j : NULL,                   \
-                        (o) ? (o) + j : NULL, bk, lds);                                      \
+            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) ? (s) + j / (NRW) * (lsl) : NULL,   \
+                        (o) ? (o) + j / (NRW) * (lsl) : NULL, bk, lds, lsl);                 \
             for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
     } while (0)
@@ -357,8 +357,10 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, ST, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,   \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, const uint8_t *b,     \
-                     float *c, const ST *s, const ST *o, int64_t bk, int64_t lds) {          \
-        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s, o, bk, lds); \
+                     float *c, const ST *s, const ST *o, int64_t bk, int64_t lds,           \
+                     int64_t lsl) {                                                          \
+        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ks, n, a, 0, b, c, 0, s, o, bk, lds,  \
+                             lsl);                                                           \
     }
 
 /* m == 2: G2 slivers at a time, chosen so that 2 x G2 x NRW/L accumulators fit the row's
@@ -371,9 +373,9 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ks, int64_t n, const float *a, int64_t lda,          \
                      const uint8_t *b, float *c, int64_t ldc, const ST *s, const ST *o,      \
-                     int64_t bk, int64_t lds) {                                              \
+                     int64_t bk, int64_t lds, int64_t lsl) {                                 \
         NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ks, n, a, lda, b, c, ldc, s, o, bk,  \
-                             lds);                                                           \
+                             lds, lsl);                                                      \
     }
 
 /* Both packed gemvs for the six formats of a row and the finite variants, named
@@ -639,7 +641,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                            DEQ)                                                              \
     static inline void NAME(int64_t k, int64_t ks, const float *a, int64_t lda,             \
                             const uint8_t *b, float *c, int64_t ldc, const ST *s,           \
-                            const ST *o, int64_t bk, int64_t lds) {                          \
+                            const ST *o, int64_t bk, int64_t lds, int64_t lsl) {             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t sliver_ = ks / 2 * (NRW);                                              \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
@@ -656,7 +658,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                 _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) al_[r_] =          \
                     SET1(a[r_ * lda + 2 * r]), ah_[r_] = SET1(a[r_ * lda + 2 * r + 1]);      \
                 _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
-                    const int64_t col_ = w_ / V_ * (NRW) + (w_ % V_) * (L);                  \
+                    const int64_t col_ = w_ / V_ * lsl + (w_ % V_) * (L);                    \
                     VEC lo_, hi_;                                                            \
                     NIBBLES(row_ + w_ / V_ * sliver_ + (w_ % V_) * (L), lo_, hi_);           \
                     const VEC wl_ = DEQ(lo_, s + col_, o + col_);                            \
@@ -672,21 +674,23 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             STOREC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L), acc_[i_]); \
     }
 
-#define NM_NIBBLE_PACKED_WALK_(NAME, RR, G, NRW, k, ks, n, a, lda, b, c, ldc, s, o, bk, lds) \
+#define NM_NIBBLE_PACKED_WALK_(NAME, RR, G, NRW, k, ks, n, a, lda, b, c, ldc, s, o, bk, lds, \
+                               lsl)                                                          \
     do {                                                                                     \
         const int64_t sliver = (ks) / 2 * (NRW);                                             \
         int64_t j = 0;                                                                       \
         for (; j + (G) * (NRW) <= (n); j += (G) * (NRW), b += (G) * sliver)                  \
-            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL, bk, \
-                          lds);                                                              \
+            NAME##_group_(k, ks, a, lda, b, (c) + j, ldc, (s) + j / (NRW) * (lsl),          \
+                          (o) ? (o) + j / (NRW) * (lsl) : NULL, bk, lds, lsl);               \
         for (; j + (NRW) <= (n); j += (NRW), b += sliver)                                    \
-            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) + j, (o) ? (o) + j : NULL, bk,   \
-                        lds);                                                                \
+            NAME##_one_(k, ks, a, lda, b, (c) + j, ldc, (s) + j / (NRW) * (lsl),            \
+                        (o) ? (o) + j / (NRW) * (lsl) : NULL, bk, lds, lsl);                 \
         if (j < (n)) {                                                                       \
             _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
             const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
             for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
-            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) + j, (o) ? (o) + j : NULL, bk, lds); \
+            NAME##_one_(k, ks, a, lda, b, tail, NRW, (s) + j / (NRW) * (lsl),                \
+                        (o) ? (o) + j / (NRW) * (lsl) : NULL, bk, lds, lsl);                 \
             for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
     } while (0)
@@ -705,16 +709,17 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                        STOREC, FMA, NIBBLES, DEQ)                                            \
     static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
                                           const uint8_t *b, float *c, const ST *s,          \
-                                          const ST *o, int64_t bk, int64_t lds) {            \
+                                          const ST *o, int64_t bk, int64_t lds,             \
+                                          int64_t lsl) {                                     \
         NM_NIBBLE_PACKED_WALK_(gemv_packed_##FMT##_##ISA, 1, G, NRW, k, ks, n, a, 0, b, c, 0, \
-                               s, o, bk, lds);                                               \
+                               s, o, bk, lds, lsl);                                          \
     }                                                                                        \
     static void gemv2_packed_##FMT##_##ISA(int64_t k, int64_t ks, int64_t n, const float *a, \
                                            int64_t lda, const uint8_t *b, float *c,         \
                                            int64_t ldc, const ST *s, const ST *o,           \
-                                           int64_t bk, int64_t lds) {                        \
+                                           int64_t bk, int64_t lds, int64_t lsl) {           \
         NM_NIBBLE_PACKED_WALK_(gemv2_packed_##FMT##_##ISA, 2, G2, NRW, k, ks, n, a, lda, b, c, \
-                               ldc, s, o, bk, lds);                                          \
+                               ldc, s, o, bk, lds, lsl);                                     \
     }
 
 /* Packing (nm_pack_fn) a kc x nc block into float32 slivers of width nr: stored row r gives

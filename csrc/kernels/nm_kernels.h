@@ -82,17 +82,19 @@ typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
  * t*bk + bk) use the scales (and offsets) at s + t*lds (o + t*lds); bk >= k is one block
  * (lds unused). bk is a multiple of the format's kpack. A call per block would reload C
  * and restart the walk every 32 rows of a GGUF format (docs/kernels.md, "The block
- * formats' speed"). */
+ * formats' speed"). Sliver t's scales are at s + t*lsl: lsl = NR for a row-major grid, the
+ * distance between two slivers' grids for a sliver-major one (nm_scales.lsl). */
 typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                   const uint8_t *b, float *c, const float *s, const float *o,
-                                  int64_t bk, int64_t lds);
+                                  int64_t bk, int64_t lds, int64_t lsl);
 
 /* m == 2 on packed weights: the gemv_packed chains for two rows at once, row r of A at
  * a + r*lda and of C at c + r*ldc (float strides). Each weight is read once for both rows,
  * so two rows cost about what one does when the weights come from DRAM. */
 typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                    int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                                   const float *s, const float *o, int64_t bk, int64_t lds);
+                                   const float *s, const float *o, int64_t bk, int64_t lds,
+                                   int64_t lsl);
 
 /* The packed gemvs of a format whose scales (and offsets) may be binary16 grids
  * (nm_format_info.half_scales, nm_scales.s16): the same walk, the same chains, each scale
@@ -101,11 +103,11 @@ typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ks, int64_t n, const float
  * bytes a weight costs; the other slots take float32 scales, which the frame widens. */
 typedef void (*nm_gemv_packed_half_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                        const uint8_t *b, float *c, const uint16_t *s,
-                                       const uint16_t *o, int64_t bk, int64_t lds);
+                                       const uint16_t *o, int64_t bk, int64_t lds, int64_t lsl);
 typedef void (*nm_gemv2_packed_half_fn)(int64_t k, int64_t ks, int64_t n, const float *a,
                                         int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                                         const uint16_t *s, const uint16_t *o, int64_t bk,
-                                        int64_t lds);
+                                        int64_t lds, int64_t lsl);
 
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]

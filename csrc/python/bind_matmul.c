@@ -80,11 +80,7 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
         const double t0 = now_seconds();
         nm_scales chunk_scales, *cs = NULL;
         if (scales) { /* the scales (and offsets) of the chunk's columns */
-            chunk_scales = *scales;
-            if (chunk_scales.s) chunk_scales.s += j0;
-            if (chunk_scales.o) chunk_scales.o += j0;
-            if (chunk_scales.s16) chunk_scales.s16 += j0;
-            if (chunk_scales.o16) chunk_scales.o16 += j0;
+            chunk_scales = nm_scales_from_column(scales, j0);
             cs = &chunk_scales;
         }
         const float *cb = bias ? bias + j0 : NULL; /* the chunk's columns of the bias */
@@ -125,10 +121,12 @@ const char *weights_accept(int fmt) {
  * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). A format
  * with offsets (Q4_1) has them below the scales, as many rows: its array is twice as tall
  * and its lower half is the offsets. A format with half_scales (the GGUF ones) may give a
- * float16 array instead (nm_scales.s16). On success *have says whether `sc` was filled (and
- * `view` must be released). */
-int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
-               int64_t min_ld, Py_buffer *view, nm_scales *sc, int *have) {
+ * float16 array instead (nm_scales.s16). Packed weights (sliver: the row's NR, else 0) may
+ * give their grid sliver-major instead, a (slivers, blocks, NR) array with slivers * NR >=
+ * min_ld (twice the slivers with offsets, theirs the lower half): nm_scales.lsl. On
+ * success *have says whether `sc` was filled (and `view` must be released). */
+int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k, int64_t min_ld,
+               int64_t sliver, Py_buffer *view, nm_scales *sc, int *have) {
     *have = 0;
     const int scaled = nm_format_table[fmt].scaled;
     if (so == Py_None) {
@@ -157,27 +155,38 @@ int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k,
         PyBuffer_Release(view);
         return -1;
     }
-    if (view->ndim != 2 || (!half && (view->itemsize != 4 || !format_ok(view->format, "f"))) ||
+    const int ndim_ok = view->ndim == 2 || (view->ndim == 3 && sliver > 0);
+    if (!ndim_ok || (!half && (view->itemsize != 4 || !format_ok(view->format, "f"))) ||
         ((uintptr_t)view->buf % view->itemsize)) {
-        PyErr_SetString(PyExc_TypeError, nm_format_table[fmt].half_scales
-                                             ? "scales must be a 2-D aligned float32 or "
-                                               "float16 array"
-                                             : "scales must be a 2-D aligned float32 array");
+        PyErr_Format(PyExc_TypeError, "scales must be a %s aligned %s array",
+                     sliver > 0 ? "2-D (or sliver-major 3-D)" : "2-D",
+                     nm_format_table[fmt].half_scales ? "float32 or float16" : "float32");
         PyBuffer_Release(view);
         return -1;
     }
     const int64_t grids = nm_format_table[fmt].offset ? 2 : 1; /* scales, then offsets */
-    if (view->shape[0] < grids * blocks || view->shape[0] % grids || view->shape[1] < min_ld) {
+    const int sliver_major = view->ndim == 3;
+    /* sliver-major: (grids * slivers, blocks, NR), each sliver's blocks in a row */
+    const int64_t rows = sliver_major ? view->shape[1] : view->shape[0] / grids;
+    const int64_t cols = sliver_major ? view->shape[0] / grids * sliver : view->shape[1];
+    if (view->shape[0] % grids || rows < blocks || cols < min_ld ||
+        (sliver_major && view->shape[2] != sliver)) {
         PyErr_Format(PyExc_ValueError,
-                     "scales of shape (%lld, %lld) do not cover k=%lld in blocks of %lld rows "
-                     "and %lld columns",
-                     (long long)view->shape[0], (long long)view->shape[1], (long long)k, bk,
-                     (long long)min_ld);
+                     "scales of shape %s do not cover k=%lld in blocks of %lld rows and %lld "
+                     "columns%s",
+                     sliver_major ? "(slivers, blocks, width)" : "(blocks, columns)",
+                     (long long)k, bk, (long long)min_ld,
+                     sliver_major && view->shape[2] != sliver ? " in this row's slivers" : "");
         PyBuffer_Release(view);
         return -1;
     }
-    *sc = (nm_scales){.ld = view->shape[1], .bk = bk, .finite = finite};
-    const int64_t lower = view->shape[0] / 2 * sc->ld; /* the offsets: the lower half */
+    /* lsl > 0 marks the layout, even with no block (k = 0, nothing read) */
+    const int64_t lsl = sliver_major ? (view->shape[1] > 0 ? view->shape[1] : 1) * sliver : 0;
+    *sc = (nm_scales){.ld = sliver_major ? sliver : view->shape[1], .bk = bk, .finite = finite,
+                      .lsl = lsl};
+    /* the offsets: the lower half */
+    const int64_t lower = view->shape[0] / 2 * (sliver_major ? view->shape[1] * sliver
+                                                             : view->shape[1]);
     if (half) {
         sc->s16 = (const uint16_t *)view->buf;
         sc->o16 = grids == 2 ? sc->s16 + lower : NULL;
@@ -234,12 +243,12 @@ static PyObject *run_with_scales_and_bias(int fmt, const matrix *a, const matrix
                                           const matrix *c, int64_t n, int packed,
                                           int accumulate, PyObject *so, long long bk,
                                           int finite, int64_t k, int64_t ld,
-                                          PyObject *biaso) {
+                                          int64_t sliver, PyObject *biaso) {
     Py_buffer sv, bv;
     nm_scales sc;
     int have, have_bias = 0;
     PyObject *result = NULL;
-    if (get_scales(fmt, so, bk, finite, k, ld, &sv, &sc, &have) < 0) return NULL;
+    if (get_scales(fmt, so, bk, finite, k, ld, sliver, &sv, &sc, &have) < 0) return NULL;
     if (have && overlaps_buffer(c, &sv)) {
         PyErr_SetString(PyExc_ValueError, "out shares memory with the scales");
     } else if (get_bias(biaso, n, accumulate, c, &bv, &have_bias) == 0) {
@@ -283,7 +292,7 @@ PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     result = run_with_scales_and_bias(fmt, &a, &b, &c, b.cols, 0, accumulate, so, bk, finite,
-                                      a.cols, b.cols, biaso);
+                                      a.cols, b.cols, 0, biaso);
 done:
     release(&a);
     release(&b);
@@ -329,7 +338,7 @@ PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     result = run_with_scales_and_bias(fmt, &a, &b, &c, n, 1, accumulate, so, bk, finite, a.cols,
-                                      (n + nr - 1) / nr * nr, biaso);
+                                      (n + nr - 1) / nr * nr, nr, biaso);
 done:
     release(&a);
     release(&b);

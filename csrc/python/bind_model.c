@@ -104,8 +104,8 @@ static int take_linear(plan *p, PyObject *spec, const char *what, int64_t want_k
     }
     Py_buffer sv;
     int have;
-    if (get_scales(fmt, scales, bk, finite, k, packed ? slivers * nr : n, &sv, &out->scales,
-                   &have) < 0)
+    if (get_scales(fmt, scales, bk, finite, k, packed ? slivers * nr : n, packed ? nr : 0, &sv,
+                   &out->scales, &have) < 0)
         return -1;
     if (have) p->views[p->nviews++] = sv;
     out->fmt = fmt;

@@ -41,7 +41,7 @@ int get_vector(PyObject *obj, const char *what, int writable, Py_buffer *v);
  * argument checked into an nm_scales (see there) */
 const char *weights_accept(int fmt);
 int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k, int64_t min_ld,
-               Py_buffer *view, nm_scales *sc, int *have);
+               int64_t sliver, Py_buffer *view, nm_scales *sc, int *have);
 
 /* bind_info.c: the index of the ISA row called `name` in nm_isa_table, or -1 */
 int find_row(const char *name);

@@ -456,6 +456,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     uint8_t *b = braw + 1; /* odd byte offset, odd row stride */
     const size_t c_bytes = (size_t)((m + 2) * ldc) * 4;
     float *c_ref = xmalloc(c_bytes), *c_got = xmalloc(c_bytes), *c_pk = xmalloc(c_bytes);
+    float *c_sm = xmalloc(c_bytes); /* packed weights, their grid sliver-major */
     for (int64_t i = 0; i < m * lda; ++i) a[i] = next_float();
     for (int64_t p = 0; p < k; ++p) {
         for (int64_t j = 0; j < n; ++j) {
@@ -486,6 +487,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
         for (int64_t i = 0; i < m; ++i) memcpy(c_ref + (i + 1) * ldc, bias, (size_t)n * 4);
     }
     memcpy(c_pk, c_got, c_bytes);
+    memcpy(c_sm, c_got, c_bytes);
     /* weights without NaN or Inf codes (most shapes) take the finite-weights kernels */
     if (itemsize == 1) {
         const uint8_t special = special_bits(fmt);
@@ -505,6 +507,24 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
             for (int64_t j = sl * nr; j < n && j < sl * nr + nr; ++j)
                 memcpy(bpk + ((sl * stored + p) * nr + j - sl * nr) * itemsize,
                        b + p * ldb + j * itemsize, (size_t)itemsize);
+    /* the tested grid sliver-major (nm_scales.lsl), as the Python side gives packed weights:
+     * each sliver's blocks in a row, in buffers of exactly that size */
+    const int64_t sm_count = slivers * nblocks * nr;
+    float *svm = xmalloc((size_t)(sm_count ? sm_count : 1) * 4);
+    float *ovm = xmalloc((size_t)(sm_count ? sm_count : 1) * 4);
+    uint16_t *svm16 = xmalloc((size_t)(sm_count ? sm_count : 1) * 2);
+    uint16_t *ovm16 = xmalloc((size_t)(sm_count ? sm_count : 1) * 2);
+    for (int64_t sl = 0; sl < slivers; ++sl)
+        for (int64_t q = 0; q < nblocks; ++q)
+            for (int64_t jj = 0; jj < nr; ++jj) {
+                const int64_t to = (sl * nblocks + q) * nr + jj, from = q * sld + sl * nr + jj;
+                svm[to] = sv[from], ovm[to] = ov[from];
+                svm16[to] = sv16[from], ovm16[to] = ov16[from];
+            }
+    const int offsets = nm_format_table[fmt].offset;
+    nm_scales sm = half ? (nm_scales){.s16 = svm16, .o16 = offsets ? ovm16 : NULL}
+                        : (nm_scales){.s = svm, .o = offsets ? ovm : NULL};
+    sm.ld = nr, sm.bk = bk, sm.finite = scl.finite, sm.lsl = nblocks * nr;
     nm_set_num_threads(1);
     int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate || bias,
                        NULL, scales);
@@ -513,29 +533,35 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
                        tested);
     int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate, bias,
                               tested);
-    long bad = 0, guard = 0, bad_pk = 0, guard_pk = 0;
+    int s4 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_sm + ldc, ldc, accumulate, bias,
+                              scales ? &sm : NULL);
+    long bad = 0, guard = 0, bad_pk = 0, guard_pk = 0, bad_sm = 0, guard_sm = 0;
     for (int64_t r = 0; r < m + 2; ++r) {
         for (int64_t j = 0; j < ldc; ++j) {
             const int inside = r >= 1 && r <= m && j < n;
-            const float g = c_got[r * ldc + j], gp = c_pk[r * ldc + j];
+            const float g = c_got[r * ldc + j], gp = c_pk[r * ldc + j], gs = c_sm[r * ldc + j];
             if (inside) {
                 bad += !same(g, c_ref[r * ldc + j]);
                 bad_pk += !same(gp, c_ref[r * ldc + j]);
+                bad_sm += !same(gs, c_ref[r * ldc + j]);
             } else {
                 guard += bits_of(g) != bits_of(GUARD);
                 guard_pk += bits_of(gp) != bits_of(GUARD);
+                guard_sm += bits_of(gs) != bits_of(GUARD);
             }
         }
     }
-    expect(s1 == NM_OK && s2 == NM_OK && s3 == NM_OK && bad == 0 && guard == 0 && bad_pk == 0 &&
-               guard_pk == 0,
+    expect(s1 == NM_OK && s2 == NM_OK && s3 == NM_OK && s4 == NM_OK && bad == 0 && guard == 0 &&
+               bad_pk == 0 && guard_pk == 0 && bad_sm == 0 && guard_sm == 0,
            "%s %s m=%lld n=%lld k=%lld start=%d threads=%d bk=%lld finite=%d binary16 scales=%d: "
            "%ld differ, %ld guard cells written; packed weights: %ld differ, %ld guard cells "
-           "written",
+           "written; sliver-major scales: %ld differ, %ld guard cells written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
-           start, threads, (long long)bk, scl.finite, half, bad, guard, bad_pk, guard_pk);
-    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(sv), free(ov),
-        free(sv16), free(ov16), free(bias);
+           start, threads, (long long)bk, scl.finite, half, bad, guard, bad_pk, guard_pk, bad_sm,
+           guard_sm);
+    free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(c_sm), free(sv),
+        free(ov), free(sv16), free(ov16), free(svm), free(ovm), free(svm16), free(ovm16),
+        free(bias);
 }
 
 static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {

@@ -99,11 +99,30 @@ def half_grid(grid: np.ndarray) -> np.ndarray:
     return half if np.array_equal(half.astype(np.float32), grid) else grid
 
 
+def sliver_major(grid: np.ndarray, grids: int, width: int) -> np.ndarray:
+    """A kernels' grid ``(grids * blocks, slivers * width)`` (the scales, then the offsets
+    below them) as packed weights give it to the kernels: ``(grids * slivers, blocks,
+    width)``, each sliver's blocks one after another, as its codes are (nm_scales.lsl)."""
+    rows, cols = grid.shape
+    blocks, slivers = rows // grids, cols // width
+    four = grid.reshape(grids, blocks, slivers, width).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(four).reshape(grids * slivers, blocks, width)
+
+
+def row_major(grid: np.ndarray, grids: int) -> np.ndarray:
+    """The row-major grid ``(grids * blocks, slivers * width)`` of a sliver-major one."""
+    count, blocks, width = grid.shape
+    slivers = count // grids
+    four = grid.reshape(grids, slivers, blocks, width).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(four).reshape(grids * blocks, slivers * width)
+
+
 class _KernelScales:
     """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
     once per row width, and whether the weights hold no NaN/Inf code (looked at once). With
     ``half``, the grid is float16 for a format with ``half_scales`` whose every scale and
-    offset is a binary16 number (GGUF's are), else float32: the same values either way."""
+    offset is a binary16 number (GGUF's are), else float32: the same values either way. With
+    ``width`` (packed weights), it is sliver-major (:func:`sliver_major`)."""
 
     __slots__ = ("_by_ld", "_finite")
 
@@ -112,8 +131,8 @@ class _KernelScales:
         self._finite: bool | None = None
 
     def get(self, scales: Scales, fmt: Format, bits: np.ndarray, shape: tuple[int, int],
-            ld: int, offsets: Scales | None = None,
-            half: bool = False) -> tuple[np.ndarray, int, bool]:
+            ld: int, offsets: Scales | None = None, half: bool = False,
+            width: int = 0) -> tuple[np.ndarray, int, bool]:
         if ld not in self._by_ld:
             grid, bk = scales.expanded(shape, ld)
             grid *= np.float32(2.0 ** fmt.scale_exponent)  # exact: checked_scales' bound
@@ -123,15 +142,17 @@ class _KernelScales:
                 grid = np.ascontiguousarray(np.concatenate([grid, ogrid]))
             if half and fmt.half_scales:
                 grid = half_grid(grid)
+            if width:
+                grid = sliver_major(grid, 2 if offsets is not None else 1, width)
             self._by_ld[ld] = grid, bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
             special = np.uint8(fmt.special_bits)
             self._finite = not special or not bool(np.any((bits & special) == special))
         return (*self._by_ld[ld], self._finite)
 
-    def preset(self, grid: np.ndarray, bk: int, finite: bool) -> None:
-        """Take a kernels' form made before (for ``grid.shape[1]`` columns) as it is."""
-        self._by_ld[grid.shape[1]] = grid, bk
+    def preset(self, grid: np.ndarray, bk: int, finite: bool, ld: int) -> None:
+        """Take a kernels' form made before (for ``ld`` columns) as it is."""
+        self._by_ld[ld] = grid, bk
         self._finite = finite
 
 
@@ -175,23 +196,37 @@ class _ScaledMatrix:
     # whose m <= 2 walks read it as it is; row-major gemvs would have it widened by the frame
     # first, which measured slower for the 4-bit formats (docs/kernels.md).
     _half_grids = False
+    # The sliver width of a sliver-major grid (packed weights: the m <= 2 walks read each
+    # sliver's scales as one stream beside its codes), or 0: row-major.
+    _grid_width = 0
 
-    def kernel_scales(self, ld: int) -> tuple[np.ndarray, int, bool] | None:
+    def kernel_scales(self, ld: int | None = None) -> tuple[np.ndarray, int, bool] | None:
         """The scales in the native kernels' form: ``(grid, bk, finite)``, the grid
         :meth:`Scales.expanded` to ``ld`` columns times ``2**format.scale_exponent`` (for
         packed weights of a format with ``half_scales``, float16 when every value is a
-        binary16 number; else float32; offsets below the scales), and whether no weight is
-        a NaN/Inf code. Made once per ``ld``; None without scales."""
+        binary16 number; else float32; offsets below the scales; for packed weights
+        sliver-major, :func:`sliver_major`), and whether no weight is a NaN/Inf code. Made
+        once per ``ld``, by default n (packed weights: whole slivers, the only width their
+        grid takes); None without scales."""
         if self.scales is None:
             return None
+        n = self.shape[1]
+        whole = padded_columns(n, self._grid_width) if self._grid_width else n
+        if ld is None:
+            ld = whole
+        elif self._grid_width and ld != whole:
+            raise ValueError(f"packed weights' scales are {whole} columns wide (whole "
+                             f"{self._grid_width}-column slivers), not ld={ld}")
         return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld,
-                                       self.offsets, self._half_grids)
+                                       self.offsets, self._half_grids, self._grid_width)
 
     def preset_kernel_scales(self, grid: np.ndarray, bk: int, finite: bool) -> None:
         """Hand over the kernels' form of the scales, made before from these same scales
         and bits (narrowmm.torch.Linear stores it): ``kernel_scales`` then returns it
         without making it again or looking at the codes."""
-        self._kernel_scales.preset(grid, bk, finite)
+        grids = 2 if self.format.offsets else 1
+        ld = grid.shape[1] if grid.ndim == 2 else grid.shape[0] // grids * grid.shape[2]
+        self._kernel_scales.preset(grid, bk, finite, ld)
 
     def provider_scales(self) -> tuple[np.ndarray, int] | None:
         """The scales as the NumPy and reference providers take them: the grid
@@ -549,6 +584,10 @@ class PackedWeights(_ScaledMatrix):
                  "sliver_rows", "width")
     packed = True
     _half_grids = True  # the m <= 2 packed walks stream the grid: binary16 halves it
+
+    @property
+    def _grid_width(self) -> int:  # the kernels read each sliver's scales as one stream
+        return self.width
 
     def __init__(self, bits: np.ndarray, n: int, format: Format, isa: str,
                  scales: Scales | None = None, offsets: Scales | None = None) -> None:

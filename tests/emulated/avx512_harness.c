@@ -69,6 +69,7 @@ typedef struct emu_job {
     const float *s;    /* matmul of a scaled format: the kernels' scales (nm_scales), or 0 */
     int64_t s_ld, s_bk, s_finite;
     int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; the GGUF formats) */
+    int64_t s_lsl;     /* nm_scales.lsl: 0, or s is sliver-major (packed weights), ld = NR */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -82,13 +83,17 @@ void nm_emu_main(emu_job *job) {
     const int with_offsets = job->fmt >= 0 && job->fmt < NM_FMT_COUNT &&
                              nm_format_table[job->fmt].offset;
     const uint16_t *s16 = job->s_half ? (const uint16_t *)job->s : 0;
+    /* the offsets' grid: after the scales' blocks (row-major), or after every sliver's
+     * (sliver-major: n padded to whole slivers) */
+    const int64_t lower = job->s_lsl ? (job->n + row.nr - 1) / row.nr * job->s_lsl
+                                     : blocks * job->s_ld;
     const nm_scales scales =
         s16 ? (nm_scales){.s16 = s16, .ld = job->s_ld, .bk = job->s_bk,
-                          .finite = (int)job->s_finite,
-                          .o16 = with_offsets ? s16 + blocks * job->s_ld : 0}
+                          .finite = (int)job->s_finite, .lsl = job->s_lsl,
+                          .o16 = with_offsets ? s16 + lower : 0}
             : (nm_scales){.s = job->s, .ld = job->s_ld, .bk = job->s_bk,
-                          .finite = (int)job->s_finite,
-                          .o = job->s && with_offsets ? job->s + blocks * job->s_ld : 0};
+                          .finite = (int)job->s_finite, .lsl = job->s_lsl,
+                          .o = job->s && with_offsets ? job->s + lower : 0};
     const nm_scales *sc = job->s ? &scales : 0;
     /* no bias here: the frame writes it (matmul_part), the same C on every row; the
      * scalar and avx2 rows test it in csrc/tests and tests/test_api.py */

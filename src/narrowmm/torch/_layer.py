@@ -12,7 +12,7 @@ from .._codecs import encode
 from .._formats import FORMATS, Format, get_format
 from .._linear import Linear as ArrayLinear
 from .._scales import Scales
-from .._weights import PackedWeights, TorchWeights, Weights, padded_columns
+from .._weights import PackedWeights, TorchWeights, Weights, padded_columns, row_major
 from ..providers import resolve
 from ..providers.native import core
 
@@ -32,6 +32,8 @@ def _plain_scales(scales: tuple[np.ndarray, int, bool], fmt: Format,
     and the offsets a format with offsets keeps below them (Weights.kernel_scales)."""
     grid, bk, _ = scales
     grid = grid.astype(np.float32, copy=False)  # a float16 grid (half_scales): exact
+    if grid.ndim == 3:  # packed weights' sliver-major grid
+        grid = row_major(grid, 2 if fmt.offsets else 1)
     offsets = None
     if fmt.offsets:
         half = grid.shape[0] // 2
