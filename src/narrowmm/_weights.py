@@ -133,7 +133,10 @@ class _KernelScales:
     def get(self, scales: Scales, fmt: Format, bits: np.ndarray, shape: tuple[int, int],
             ld: int, offsets: Scales | None = None, half: bool = False,
             width: int = 0) -> tuple[np.ndarray, int, bool]:
-        if ld not in self._by_ld:
+        if ld not in self._by_ld:  # made once: the checks and the work below, not per call
+            if width and ld != padded_columns(shape[1], width):
+                raise ValueError(f"packed weights' scales are {padded_columns(shape[1], width)} "
+                                 f"columns wide (whole {width}-column slivers), not ld={ld}")
             grid, bk = scales.expanded(shape, ld)
             grid *= np.float32(2.0 ** fmt.scale_exponent)  # exact: checked_scales' bound
             if offsets is not None:  # below the scales, as many rows (the binding splits it)
@@ -210,15 +213,12 @@ class _ScaledMatrix:
         grid takes); None without scales."""
         if self.scales is None:
             return None
-        n = self.shape[1]
-        whole = padded_columns(n, self._grid_width) if self._grid_width else n
+        width = self._grid_width
         if ld is None:
-            ld = whole
-        elif self._grid_width and ld != whole:
-            raise ValueError(f"packed weights' scales are {whole} columns wide (whole "
-                             f"{self._grid_width}-column slivers), not ld={ld}")
+            n = self.shape[1]
+            ld = padded_columns(n, width) if width else n
         return self._kernel_scales.get(self.scales, self.format, self.bits, self.shape, ld,
-                                       self.offsets, self._half_grids, self._grid_width)
+                                       self.offsets, self._half_grids, width)
 
     def preset_kernel_scales(self, grid: np.ndarray, bk: int, finite: bool) -> None:
         """Hand over the kernels' form of the scales, made before from these same scales
