@@ -27,7 +27,7 @@ from .._api import matmul
 from .._check import same_bits
 from .._scales import Scales
 from .._threads import get_num_threads
-from .._weights import PackedWeights, Weights, padded_columns
+from .._weights import PackedWeights, Weights
 from ..checkpoints._gguf_blocks import CONVERTERS, FP16_FIELDS, as_torch_weights
 from ..checkpoints.gguf import GGML_TYPES, GGMLType
 from ..providers import use_provider
@@ -220,8 +220,7 @@ def _prepare(w: Weights | PackedWeights) -> Weights | PackedWeights:
     state a loaded model runs in: a fresh copy per call would otherwise time that
     preparation too (20-30 ms for the ffn_up shape, once per matrix, against a 4 ms call)."""
     if w.scales is not None:
-        n = w.shape[1]
-        w.kernel_scales(padded_columns(n, w.width) if w.packed else n)
+        w.kernel_scales()
     return w
 
 

@@ -35,12 +35,8 @@ def _linear_spec(layer: torch.nn.Module, name: str) -> tuple:
                         "convert the model first")
     w = layer.weights()
     n = layer.out_features
-    if w.packed:
-        bits = w.sliver_rows
-        scales = w.kernel_scales(w.bits.shape[0] * w.width)
-    else:
-        bits = w.bits
-        scales = w.kernel_scales(n)
+    bits = w.sliver_rows if w.packed else w.bits
+    scales = w.kernel_scales()  # n columns, or whole slivers when packed
     grid, block, finite = scales if scales is not None else (None, 0, False)
     bias = layer._buffers["bias"]
     return (w.format.code, bool(w.packed), layer.in_features, n, bits, grid, block, finite,

@@ -12,7 +12,7 @@ from .._codecs import encode
 from .._formats import FORMATS, Format, get_format
 from .._linear import Linear as ArrayLinear
 from .._scales import Scales
-from .._weights import PackedWeights, TorchWeights, Weights, padded_columns, row_major
+from .._weights import PackedWeights, TorchWeights, Weights, row_major
 from ..providers import resolve
 from ..providers.native import core
 
@@ -151,10 +151,8 @@ class Linear(torch.nn.Module):
         # a scaled format's scales in the kernels' form (Weights.kernel_scales)
         self.scale_block, self.finite = 0, False
         scales = None
-        if weights.format.scaled:
-            n = self.out_features
-            ld = padded_columns(n, weights.width) if self.packed else n
-            grid, self.scale_block, self.finite = weights.kernel_scales(ld)
+        if weights.format.scaled:  # the default width: n, or whole slivers when packed
+            grid, self.scale_block, self.finite = weights.kernel_scales()
             # a float16 grid as int16 bits: module.float() / .to(dtype) keep them
             scales = torch.from_numpy(grid.view(np.int16) if grid.dtype == np.float16 else grid)
         self.register_buffer("weight_scales", scales, persistent=False)
