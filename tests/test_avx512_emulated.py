@@ -46,7 +46,7 @@ UNITS = [
     (EMULATED / "avx512_harness.c", ["-mfma"]),
 ]
 EMU_MATMUL, EMU_DECODE, EMU_ENCODE, EMU_MATMUL_PACKED = 0, 1, 2, 3
-AVX512_NR = 32  # the avx512 row's sliver width, so its packed layout
+AVX512_PACK_WIDTH = 128  # the avx512 row's packed groups: four 32-column slivers
 FMT = {f.name: f.code for f in nm.FORMATS.values()}
 SPECIAL = {"e4m3fn": 0x7F, "e5m2": 0x7C}  # the magnitude bits every NaN/Inf code has
 GUARD = 0x7FBADBAD  # a NaN pattern no kernel writes
@@ -212,7 +212,7 @@ def packed(case):
     dtype = np.float32 if itemsize == 4 else np.uint16
     k, n = job["k"], job["n"]
     rows = np.frombuffer(job["b"], dtype).reshape(k, job["ldb"] // itemsize)[:, :n]
-    slivers = pack_slivers(np.ascontiguousarray(rows), AVX512_NR)
+    slivers = pack_slivers(np.ascontiguousarray(rows), AVX512_PACK_WIDTH)
     return dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0), want, shape
 
 
@@ -280,7 +280,8 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
     with use_isa("scalar"):
         want = start.copy()
         nm.matmul(np.ascontiguousarray(x[:, :k]), w, out=want, accumulate=accumulate)
-    grid, bk, is_finite = w.kernel_scales(-(-n // 96) * 96)  # whole slivers of every row
+    # whole slivers of every row (96 columns) and whole groups of the avx512 row's (128)
+    grid, bk, is_finite = w.kernel_scales(-(-n // 384) * 384)
     assert is_finite == finite or not finite
     if half:  # row-major Weights keep float32 grids; the kernels take float16 ones too
         grid = grid.astype(np.float16)  # exact: binary16 values
@@ -290,13 +291,14 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
                s_ld=grid.shape[1], s_bk=bk, s_finite=int(finite),
                s_half=int(grid.dtype == np.float16))
     if packed_layout:
-        slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_NR)
+        slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_PACK_WIDTH)
         job = dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0)
-        if rng.integers(2):  # the grid sliver-major, as packed weights give it (nm_scales.lsl)
+        if rng.integers(2):  # the grid group-major, as packed weights give it (nm_scales.lsl)
             grids = 2 if f.offsets else 1
-            cols = slivers.shape[0] * AVX512_NR
-            sm = sliver_major(grid[:, :cols], grids, AVX512_NR)
-            job = dict(job, s=sm.tobytes(), s_ld=AVX512_NR, s_lsl=sm.shape[1] * AVX512_NR)
+            cols = slivers.shape[0] * AVX512_PACK_WIDTH
+            sm = sliver_major(grid[:, :cols], grids, AVX512_PACK_WIDTH)
+            job = dict(job, s=sm.tobytes(), s_ld=AVX512_PACK_WIDTH,
+                       s_lsl=sm.shape[1] * AVX512_PACK_WIDTH)
     return job, want, (m, n + pad, n)
 
 

@@ -32,10 +32,13 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
     [NM_FMT_Q5_1] = {"q5_1", 1, 1, 0, 1, 1, 1},     /* raw() is q, then fma with d and m */
 };
 
-/* Column ranges handed to threads are multiples of this many columns: a whole number of
- * 64-byte lines of B for every format (32 fp16/bf16, 16 f32 weights a line) and of slivers
- * for every row (NR 8, 24 or 32), so only the last range can end in a partial sliver, and
- * every range of packed weights starts at a sliver. */
+/* Column ranges handed to threads are multiples of this many columns on row-major weights: a
+ * whole number of 64-byte lines of B for every format (32 fp16/bf16, 16 f32 weights a line)
+ * and of slivers for every row (NR 8, 24 or 32), so only the last range can end in a partial
+ * sliver. On packed weights they are whole groups (the row's pack_width, job_grain): a group
+ * split between two threads is walked a sliver at a time by both, and SmolLM2's decoder at 2
+ * threads measured 1.04-1.06x faster with whole groups (docs/kernels.md, "Groups of
+ * slivers"). */
 #define NM_COLUMN_GRAIN 96
 /* At most this many rows of A are packed at once (2 MiB with kc = 256). Up to this m each
  * weight is decoded once per call; beyond it, once per block of this many rows. */
@@ -62,7 +65,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * sliver-major grids that walk was the slowest (Zen 4, docs/kernels.md), so it went. */
 #define NM_BLOCKED_GEMV_SLIVERS 8
 #define NM_LONG_GEMV_SLIVERS 4
-#define NM_SHORT_BYTE_GEMV_SLIVERS 1
+#define NM_SHORT_BYTE_GEMV_SLIVERS 4
 #define NM_GEMV_SHORT_SLIVER_BYTES ((int64_t)24 << 10)
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
  * cost more than it saves. */
@@ -100,9 +103,9 @@ static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, in
         *ldb = job->ldb;
         return job->b + p / kpack * job->ldb + j * itemsize;
     }
-    const int64_t nr = job->isa->nr;
-    *ldb = nr * itemsize;
-    return job->b + nm_packed_offset(job->k / kpack, nr, itemsize, p / kpack, j);
+    const int64_t width = job->isa->pack_width;
+    *ldb = width * itemsize;
+    return job->b + nm_packed_offset(job->k / kpack, width, itemsize, p / kpack, j);
 }
 
 /* Where the scales (offsets: 1) of columns j.. for rows in the block of row p are, in either
@@ -226,11 +229,13 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
  * block of scales of row p: a line per 64 bytes of the grid's row, or of each sliver's part
  * of it (a sliver-major grid). */
 static void prefetch_block_scales(const matmul_job *job, int64_t p, int64_t j, int64_t w) {
-    const int64_t item = job->scales->s16 ? 2 : 4;
-    const int64_t run = job->scales->lsl ? min64(w, job->isa->nr) : w; /* contiguous columns */
-    for (int64_t t = j; t < j + w; t += run) {
+    const nm_scales *sc = job->scales;
+    const int64_t item = sc->s16 ? 2 : 4;
+    for (int64_t t = j, run; t < j + w; t += run) {
+        /* contiguous columns: to the end of t's group in a group-major grid */
+        run = sc->lsl ? min64(j + w - t, sc->ld - t % sc->ld) : j + w - t;
         const char *s = grid_at(job, 0, p, t), *o = grid_at(job, 1, p, t);
-        for (int64_t x = 0; x < min64(run, j + w - t) * item; x += 64) {
+        for (int64_t x = 0; x < run * item; x += 64) {
             __builtin_prefetch(s + x);
             if (o) __builtin_prefetch(o + x);
         }
@@ -395,10 +400,16 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     return NM_OK;
 }
 
-static void column_range(int64_t n, int part, int parts, int64_t *begin, int64_t *end) {
-    const int64_t grains = (n + NM_COLUMN_GRAIN - 1) / NM_COLUMN_GRAIN;
-    *begin = min64(n, grains * part / parts * NM_COLUMN_GRAIN);
-    *end = min64(n, grains * (part + 1) / parts * NM_COLUMN_GRAIN);
+/* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN). */
+static int64_t job_grain(const matmul_job *job) {
+    return job->packed ? job->isa->pack_width : NM_COLUMN_GRAIN;
+}
+
+static void column_range(int64_t n, int64_t grain, int part, int parts, int64_t *begin,
+                         int64_t *end) {
+    const int64_t grains = (n + grain - 1) / grain;
+    *begin = min64(n, grains * part / parts * grain);
+    *end = min64(n, grains * (part + 1) / parts * grain);
 }
 
 /* Rows [begin, end) of part `part` of `parts`: whole MR-row tiles, the last range ragged. */
@@ -409,7 +420,7 @@ static void row_range(int64_t m, int64_t mr, int part, int parts, int64_t *begin
     *end = min64(m, tiles * (part + 1) / parts * mr);
 }
 
-/* The block of C of rows [i0, i1) and columns [j0, j1) (j0 a multiple of NM_COLUMN_GRAIN),
+/* The block of C of rows [i0, i1) and columns [j0, j1) (j0 a multiple of job_grain),
  * on the calling thread. */
 static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     if (j0 >= j1 || i0 >= i1) return;
@@ -426,9 +437,10 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         const int slot = job->slot;
         const float *a = job->a + i0 * job->lda;
         /* Packed weights whose scales come in blocks shorter than k (GGUF's 32 rows): a call
-         * per block over every column would read each sliver 32 rows at a time, hopping from
-         * sliver to sliver; chunks of a few slivers taken through all of k keep each sliver
-         * one stream, and one packed gemv call per chunk keeps its C in registers. */
+         * per block over every column would read each group 32 rows at a time, hopping from
+         * group to group; chunks of a few slivers (never past their group's end) taken
+         * through all of k keep the group one stream, and one packed gemv call per chunk
+         * keeps its C in registers. */
         const int64_t sliver_bytes = job->k / nm_format_table[job->fmt].kpack * isa->nr *
                                      nm_format_table[job->fmt].itemsize;
         const int short_byte_slivers = sliver_bytes <= NM_GEMV_SHORT_SLIVER_BYTES &&
@@ -448,8 +460,11 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
             atomic_store(&job->failed, 1);
             return;
         }
-        for (int64_t jc = j0; jc < j1; jc += chunk) {
-            const int64_t w = min64(chunk, j1 - jc);
+        for (int64_t jc = j0, w; jc < j1; jc += w) {
+            /* a call's columns lie in one group of packed weights */
+            const int64_t to_group_end = job->packed ? isa->pack_width - jc % isa->pack_width
+                                                     : j1 - jc;
+            w = min64(min64(chunk, j1 - jc), to_group_end);
             float *c = job->c + i0 * job->ldc + jc;
             /* packed weights: one call through all of k, the kernel stepping through the
              * blocks of scales with C in registers (nm_gemv_packed_fn); row-major ones: a
@@ -461,29 +476,26 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                 const uint8_t *b = weights_at(job, p0, jc, &ldb);
                 const int64_t bk = whole_k && job->scales ? job->scales->bk : p1 - p0;
                 const int64_t lds = whole_k && job->scales ? job->scales->ld : 0;
-                /* from one sliver's scales to the next's */
-                const int64_t lsl = job->scales && job->scales->lsl ? job->scales->lsl : isa->nr;
                 if (job->packed && job->scales && job->scales->s16) {
                     const uint16_t *s = grid_at(job, 0, p0, jc), *o = grid_at(job, 1, p0, jc);
                     if (rows == 1)
-                        isa->gemv_packed_half[job->fmt](p1 - p0, job->k, w, a + p0, b, c, s, o,
-                                                        bk, lds, lsl);
+                        isa->gemv_packed_half[job->fmt](p1 - p0, ldb, w, a + p0, b, c, s, o, bk,
+                                                        lds);
                     else
-                        isa->gemv2_packed_half[job->fmt](p1 - p0, job->k, w, a + p0, job->lda,
-                                                         b, c, job->ldc, s, o, bk, lds, lsl);
+                        isa->gemv2_packed_half[job->fmt](p1 - p0, ldb, w, a + p0, job->lda, b,
+                                                         c, job->ldc, s, o, bk, lds);
                     continue;
                 }
                 const float *s, *o;
                 int64_t unused_lds;
                 float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &unused_lds);
                 if (rows == 1 && job->packed)
-                    isa->gemv_packed[slot](p1 - p0, job->k, w, a + p0, b, c, s, o, bk, lds,
-                                           lsl);
+                    isa->gemv_packed[slot](p1 - p0, ldb, w, a + p0, b, c, s, o, bk, lds);
                 else if (rows == 1)
                     isa->gemv[slot](p1 - p0, w, a + p0, b, ldb, c, s, o);
                 else if (job->packed)
-                    isa->gemv2_packed[slot](p1 - p0, job->k, w, a + p0, job->lda, b, c,
-                                           job->ldc, s, o, bk, lds, lsl);
+                    isa->gemv2_packed[slot](p1 - p0, ldb, w, a + p0, job->lda, b, c, job->ldc,
+                                            s, o, bk, lds);
                 else
                     isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
             }
@@ -498,7 +510,7 @@ static void matmul_part(void *ctx, int part, int parts) {
     (void)parts; /* = row_parts x col_parts */
     matmul_job *job = ctx;
     int64_t i0, i1, j0, j1;
-    column_range(job->n, part % job->col_parts, job->col_parts, &j0, &j1);
+    column_range(job->n, job_grain(job), part % job->col_parts, job->col_parts, &j0, &j1);
     row_range(job->m, job->isa->mr, part / job->col_parts, job->row_parts, &i0, &i1);
     matmul_block(job, i0, i1, j0, j1);
 }
@@ -539,11 +551,11 @@ static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int
     /* a scaled format needs its scales, and only it takes them */
     if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
     if (scales && scales->bk <= 0) return NM_EINVAL;
-    /* a row-major grid covers n columns; a sliver-major one (packed weights only) is NR
-     * floats a block, each sliver's blocks clear of the next sliver's */
+    /* a row-major grid covers n columns; a group-major one (packed weights only) is a
+     * group's pack_width columns a block, each group's blocks clear of the next group's */
     if (scales && !scales->lsl && scales->ld < n) return NM_EINVAL;
     if (scales && scales->lsl &&
-        (!packed || scales->ld != isa->nr ||
+        (!packed || scales->ld != isa->pack_width ||
          scales->lsl < (k == 0 ? 1 : (k + scales->bk - 1) / scales->bk) * scales->ld))
         return NM_EINVAL;
     /* one grid: float32 (s, o), or binary16 (s16, o16) for a format that takes it, on a row
@@ -586,7 +598,7 @@ static int matmul_run(const nm_isa_kernels *isa, int fmt, int64_t m, int64_t n, 
          * row part decoding its columns' weights again: fine for the narrow n that asks
          * for it. */
         const int threads = nm_get_num_threads();
-        const int64_t grains = (n + NM_COLUMN_GRAIN - 1) / NM_COLUMN_GRAIN;
+        const int64_t grains = (n + job_grain(&job) - 1) / job_grain(&job);
         job.col_parts = (int)min64(threads, grains);
         const int64_t tiles = m / isa->mr;
         if (job.col_parts < threads && tiles >= 2)
@@ -634,8 +646,8 @@ static void matmul_many_part(void *ctx, int part, int parts) {
         const int64_t hi = min64(g1, mj->grains[i + 1]);
         matmul_job *job = &mj->jobs[i];
         if (lo < hi)
-            matmul_block(job, 0, job->m, (lo - mj->grains[i]) * NM_COLUMN_GRAIN,
-                         min64(job->n, (hi - mj->grains[i]) * NM_COLUMN_GRAIN));
+            matmul_block(job, 0, job->m, (lo - mj->grains[i]) * job_grain(job),
+                         min64(job->n, (hi - mj->grains[i]) * job_grain(job)));
     }
 }
 
@@ -651,7 +663,8 @@ int nm_linear_run_many(const nm_isa_kernels *isa, int count, const nm_linear *co
                                     L->ldb, L->packed, c[i], ldc[i], 0, L->bias,
                                     L->has_scales ? &L->scales : NULL);
         if (st != NM_OK) return st;
-        mj.grains[i + 1] = mj.grains[i] + (L->n + NM_COLUMN_GRAIN - 1) / NM_COLUMN_GRAIN;
+        const int64_t grain = job_grain(&mj.jobs[i]);
+        mj.grains[i + 1] = mj.grains[i] + (L->n + grain - 1) / grain;
         cost += (double)(m <= 2 ? NM_GEMV_WEIGHT_COST : m) * (double)L->n * (double)L->k;
     }
     if (m == 0) return NM_OK;

@@ -14,11 +14,11 @@ enum nm_status { NM_OK = 0, NM_ENOMEM = -1, NM_EINVAL = -2 };
  * weight (p, j) is fl32(decode(B[p][j]) * scale) with s[(p / bk) * ld + j] = scale * 2^r,
  * so each block of bk rows shares one row of s (bk >= k: one row for all). Every s must be
  * finite. ld >= n; for packed weights ld >= ceil(n / NR) * NR, the padding columns finite.
- * Packed weights may instead have their grid sliver-major, as their codes are (lsl > 0):
- * each NR-column sliver's blocks one after another, ld = NR floats a block, lsl floats
- * from one sliver's grid to the next (lsl >= blocks * NR):
- *     s[(j / NR) * lsl + (p / bk) * NR + j % NR]
- * so the m <= 2 walks read a sliver's scales as one stream beside its codes, not a row
+ * Packed weights may instead have their grid group-major, as their codes are (lsl > 0):
+ * each group's blocks one after another, ld = W = row->pack_width floats a block, lsl
+ * floats from one group's grid to the next (lsl >= blocks * W):
+ *     s[(j / W) * lsl + (p / bk) * W + j % W]
+ * so the m <= 2 walks read a group's scales as one stream beside its codes, not a row
  * every ld floats (measured: docs/kernels.md, "Grids that follow the slivers").
  * finite != 0 promises that no weight is a NaN or Inf code (faster kernels; a broken
  * promise gives wrong values for those weights, nothing worse). The Python side makes this
@@ -35,7 +35,7 @@ typedef struct nm_scales {
      * are binary16 numbers: GGUF's d and m), then s and o are NULL: the same layout, half the
      * bytes for the m <= 2 walks to stream, each value widened exactly where it is read. */
     const uint16_t *s16, *o16;
-    int64_t lsl; /* 0: the grid is row-major; else sliver-major, lsl floats a sliver */
+    int64_t lsl; /* 0: the grid is row-major; else group-major, lsl floats a group */
 } nm_scales;
 
 /* The offset of the scale of column j in block q (p / bk) of a grid, in elements. */
@@ -43,7 +43,7 @@ static inline int64_t nm_grid_offset(const nm_scales *sc, int64_t q, int64_t j) 
     return sc->lsl ? j / sc->ld * sc->lsl + q * sc->ld + j % sc->ld : q * sc->ld + j;
 }
 
-/* The scales of columns j.. of sc (j a multiple of the sliver width for a sliver-major
+/* The scales of columns j.. of sc (j a multiple of the group width for a group-major
  * grid): what a call on those columns alone takes. */
 static inline nm_scales nm_scales_from_column(const nm_scales *sc, int64_t j) {
     nm_scales out = *sc;
@@ -67,10 +67,11 @@ int nm_matmul(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t 
               const float *a, int64_t lda, const uint8_t *b, int64_t ldb, float *c,
               int64_t ldc, int accumulate, const float *bias, const nm_scales *scales);
 
-/* The same product on weights packed for this row (Weights.pack): ceil(n / NR) slivers of
- * NR columns (NR = row->nr), sliver s holding columns [s*NR, s*NR + NR) as k / kpack
- * stored rows of NR contiguous elements (stored row r at byte (s*k/kpack + r) * NR *
- * itemsize from b: nm_packed_offset), the columns past n zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
+/* The same product on weights packed for this row (Weights.pack): ceil(n / W) groups of
+ * W = row->pack_width columns (a few of the row's NR-column slivers side by side), group g
+ * holding columns [g*W, g*W + W) as k / kpack stored rows of W contiguous elements (stored
+ * row r at byte (g*k/kpack + r) * W * itemsize from b: nm_packed_offset), the columns past n
+ * zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
  * changes. */
 int nm_matmul_packed(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
@@ -241,10 +242,10 @@ int nm_isa_select(const char *name, unsigned features);
 
 /* The packed layout's address arithmetic, the one place C computes it (Python's is
  * narrowmm/_weights.py's pack_slivers): the byte offset of weight (p, j) in weights packed
- * as slivers of nr columns, k rows each (nm_matmul_packed). */
-static inline int64_t nm_packed_offset(int64_t k, int64_t nr, int64_t itemsize, int64_t p,
+ * as groups of `width` columns (row->pack_width), k rows each (nm_matmul_packed). */
+static inline int64_t nm_packed_offset(int64_t k, int64_t width, int64_t itemsize, int64_t p,
                                        int64_t j) {
-    return (((j / nr) * k + p) * nr + j % nr) * itemsize;
+    return (((j / width) * k + p) * width + j % width) * itemsize;
 }
 
 #endif

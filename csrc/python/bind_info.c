@@ -38,7 +38,7 @@ PyObject *py_cpu_features(PyObject *self, PyObject *noargs) {
 PyObject *py_pack_width(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
-    return PyLong_FromLong(current_row->nr);
+    return PyLong_FromLong(current_row->pack_width);
 }
 
 PyObject *py_isa(PyObject *self, PyObject *noargs) {

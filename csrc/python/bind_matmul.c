@@ -17,7 +17,7 @@
  * as it costs bandwidth, not arithmetic: ~10-20 ms on avx2) runs whole: splitting the Llama
  * layer shapes at m <= 16 cost up to 1.4x. A longer one starts with a chunk of about
  * NM_CHUNK_FIRST_WORK; the next ones are sized from its time to last about NM_CHUNK_SECONDS
- * on this row and thread count. Chunks are whole slivers of packed weights, and multiples
+ * on this row and thread count. Chunks are whole groups of packed weights, and multiples
  * of NM_CHUNK_ALIGN columns of row-major ones. */
 #define NM_CHUNK_MIN_TOTAL ((double)(1LL << 30))
 #define NM_CHUNK_FIRST_WORK ((double)(1 << 28))
@@ -67,7 +67,7 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
     const nm_isa_kernels *row = current_row;
     const int64_t m = a->rows, k = a->cols;
     /* Column chunks, with a look for signals (Ctrl-C) between them: see NM_CHUNK_SECONDS. */
-    const int64_t align = packed ? row->nr : NM_CHUNK_ALIGN;
+    const int64_t align = packed ? row->pack_width : NM_CHUNK_ALIGN;
     const double per_column = (double)k * (double)(m + NM_CHUNK_GEMV_WEIGHT);
     int64_t cols = per_column * (double)n <= NM_CHUNK_MIN_TOTAL
                        ? n
@@ -121,9 +121,9 @@ const char *weights_accept(int fmt) {
  * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). A format
  * with offsets (Q4_1) has them below the scales, as many rows: its array is twice as tall
  * and its lower half is the offsets. A format with half_scales (the GGUF ones) may give a
- * float16 array instead (nm_scales.s16). Packed weights (sliver: the row's NR, else 0) may
- * give their grid sliver-major instead, a (slivers, blocks, NR) array with slivers * NR >=
- * min_ld (twice the slivers with offsets, theirs the lower half): nm_scales.lsl. On
+ * float16 array instead (nm_scales.s16). Packed weights (group: the row's pack_width, else
+ * 0) may give their grid group-major instead, a (groups, blocks, width) array with groups *
+ * width >= min_ld (twice the groups with offsets, theirs the lower half): nm_scales.lsl. On
  * success *have says whether `sc` was filled (and `view` must be released). */
 int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k, int64_t min_ld,
                int64_t sliver, Py_buffer *view, nm_scales *sc, int *have) {
@@ -159,33 +159,33 @@ int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k, int64
     if (!ndim_ok || (!half && (view->itemsize != 4 || !format_ok(view->format, "f"))) ||
         ((uintptr_t)view->buf % view->itemsize)) {
         PyErr_Format(PyExc_TypeError, "scales must be a %s aligned %s array",
-                     sliver > 0 ? "2-D (or sliver-major 3-D)" : "2-D",
+                     sliver > 0 ? "2-D (or group-major 3-D)" : "2-D",
                      nm_format_table[fmt].half_scales ? "float32 or float16" : "float32");
         PyBuffer_Release(view);
         return -1;
     }
     const int64_t grids = nm_format_table[fmt].offset ? 2 : 1; /* scales, then offsets */
-    const int sliver_major = view->ndim == 3;
-    /* sliver-major: (grids * slivers, blocks, NR), each sliver's blocks in a row */
-    const int64_t rows = sliver_major ? view->shape[1] : view->shape[0] / grids;
-    const int64_t cols = sliver_major ? view->shape[0] / grids * sliver : view->shape[1];
+    const int group_major = view->ndim == 3;
+    /* group-major: (grids * groups, blocks, width), each group's blocks in a row */
+    const int64_t rows = group_major ? view->shape[1] : view->shape[0] / grids;
+    const int64_t cols = group_major ? view->shape[0] / grids * sliver : view->shape[1];
     if (view->shape[0] % grids || rows < blocks || cols < min_ld ||
-        (sliver_major && view->shape[2] != sliver)) {
+        (group_major && view->shape[2] != sliver)) {
         PyErr_Format(PyExc_ValueError,
                      "scales of shape %s do not cover k=%lld in blocks of %lld rows and %lld "
                      "columns%s",
-                     sliver_major ? "(slivers, blocks, width)" : "(blocks, columns)",
+                     group_major ? "(groups, blocks, width)" : "(blocks, columns)",
                      (long long)k, bk, (long long)min_ld,
-                     sliver_major && view->shape[2] != sliver ? " in this row's slivers" : "");
+                     group_major && view->shape[2] != sliver ? " in this row's groups" : "");
         PyBuffer_Release(view);
         return -1;
     }
     /* lsl > 0 marks the layout, even with no block (k = 0, nothing read) */
-    const int64_t lsl = sliver_major ? (view->shape[1] > 0 ? view->shape[1] : 1) * sliver : 0;
-    *sc = (nm_scales){.ld = sliver_major ? sliver : view->shape[1], .bk = bk, .finite = finite,
+    const int64_t lsl = group_major ? (view->shape[1] > 0 ? view->shape[1] : 1) * sliver : 0;
+    *sc = (nm_scales){.ld = group_major ? sliver : view->shape[1], .bk = bk, .finite = finite,
                       .lsl = lsl};
     /* the offsets: the lower half */
-    const int64_t lower = view->shape[0] / 2 * (sliver_major ? view->shape[1] * sliver
+    const int64_t lower = view->shape[0] / 2 * (group_major ? view->shape[1] * sliver
                                                              : view->shape[1]);
     if (half) {
         sc->s16 = (const uint16_t *)view->buf;
@@ -301,7 +301,8 @@ done:
 }
 
 /* matmul_packed(fmt, x, slivers, n, out, accumulate): the weights as the current row's
- * layout (nm_matmul_packed), passed as a (ceil(n / NR) * k, NR) C-contiguous array. */
+ * layout (nm_matmul_packed), passed as a (ceil(n / W) * k, W) C-contiguous array, W the
+ * row's pack_width. */
 PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     int fmt, accumulate;
@@ -314,22 +315,22 @@ PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const int bsize = nm_format_table[fmt].itemsize;
-    const int64_t nr = current_row->nr;
+    const int64_t nr = current_row->nr, width = current_row->pack_width;
     matrix a = {0}, b = {0}, c = {0};
     PyObject *result = NULL;
     if (get_matrix(ao, "x", 0, 1, 4, "f", &a) < 0) goto done;
     if (get_matrix(bo, "packed weights", 0, 0, bsize, weights_accept(fmt), &b) < 0) goto done;
     if (get_matrix(co, "out", 1, 1, 4, "f", &c) < 0) goto done;
-    if (b.cols != nr) {
+    if (b.cols != width) {
         PyErr_Format(PyExc_ValueError,
                      "the weights were packed into %lld-column slivers, but the %s row reads "
                      "%lld: pack them again under this row",
-                     (long long)b.cols, current_row->isa, (long long)nr);
+                     (long long)b.cols, current_row->isa, (long long)width);
         goto done;
     }
     const int64_t kpack = nm_format_table[fmt].kpack;
-    if (n < 0 || a.cols % kpack || b.rows != (n + nr - 1) / nr * (a.cols / kpack) ||
-        (b.rows > 1 && b.ld != nr * bsize) || c.rows != a.rows || c.cols != n) {
+    if (n < 0 || a.cols % kpack || b.rows != (n + width - 1) / width * (a.cols / kpack) ||
+        (b.rows > 1 && b.ld != width * bsize) || c.rows != a.rows || c.cols != n) {
         PyErr_Format(PyExc_ValueError,
                      "shapes do not match: x (%lld, %lld) @ packed weights (%lld rows of %lld, "
                      "contiguous) for n=%lld -> out (%lld, %lld)",
@@ -338,7 +339,7 @@ PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     result = run_with_scales_and_bias(fmt, &a, &b, &c, n, 1, accumulate, so, bk, finite, a.cols,
-                                      (n + nr - 1) / nr * nr, nr, biaso);
+                                      (n + nr - 1) / nr * nr, width, biaso);
 done:
     release(&a);
     release(&b);

@@ -84,28 +84,28 @@ static int take_linear(plan *p, PyObject *spec, const char *what, int64_t want_k
         return -1;
     }
     const nm_format_info *info = &nm_format_table[fmt];
-    const int64_t nr = p->row->nr, kpack = info->kpack;
+    const int64_t nr = p->row->nr, width = p->row->pack_width, kpack = info->kpack;
     matrix b = {0};
     if (get_matrix(bits, what, 0, 0, info->itemsize, weights_accept(fmt), &b) < 0) {
         release(&b);
         return -1;
     }
     p->views[p->nviews++] = b.view; /* the plan releases it */
-    const int64_t slivers = (n + nr - 1) / nr;
-    const int ok = packed ? (k % kpack == 0 && b.cols == nr && b.rows == slivers * (k / kpack) &&
-                             (b.rows <= 1 || b.ld == nr * info->itemsize))
+    const int64_t groups = (n + width - 1) / width;
+    const int ok = packed ? (k % kpack == 0 && b.cols == width && b.rows == groups * (k / kpack) &&
+                             (b.rows <= 1 || b.ld == width * info->itemsize))
                           : (k % kpack == 0 && b.rows * kpack == k && b.cols == n);
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "%s: %s bits of shape (%lld, %lld) do not hold a %lld x "
                      "%lld '%s' matrix%s", what, packed ? "packed" : "row-major",
                      (long long)b.rows, (long long)b.cols, k, n, info->name,
-                     packed && b.cols != nr ? " for this ISA row's slivers: pack it again" : "");
+                     packed && b.cols != width ? " for this ISA row's slivers: pack it again" : "");
         return -1;
     }
     Py_buffer sv;
     int have;
-    if (get_scales(fmt, scales, bk, finite, k, packed ? slivers * nr : n, packed ? nr : 0, &sv,
-                   &out->scales, &have) < 0)
+    if (get_scales(fmt, scales, bk, finite, k, packed ? (n + nr - 1) / nr * nr : n,
+                   packed ? width : 0, &sv, &out->scales, &have) < 0)
         return -1;
     if (have) p->views[p->nviews++] = sv;
     out->fmt = fmt;

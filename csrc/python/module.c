@@ -48,7 +48,7 @@ static PyMethodDef methods[] = {
     {"decode", py_decode, METH_VARARGS, "decode(fmt, uint16 src, float32 dst[, isa])."},
     {"cpu_features", py_cpu_features, METH_NOARGS, "Usable CPU features."},
     {"isa", py_isa, METH_NOARGS, "Name of the ISA row in use."},
-    {"pack_width", py_pack_width, METH_NOARGS, "Sliver width of the row's packed layout."},
+    {"pack_width", py_pack_width, METH_NOARGS, "Columns of a group of the row's packed layout."},
     {"isa_rows", py_isa_rows, METH_NOARGS, "Compiled rows: (name, supported, missing)."},
     {"set_isa", py_set_isa, METH_O, "Switch the ISA row (tests and benchmarks)."},
     {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},

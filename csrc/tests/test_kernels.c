@@ -167,8 +167,10 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     float *of = xmalloc(4 * N + 4 * 64);
     const float a[5 * K] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     float *c = xmalloc(5 * 4 * N);
-    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr;
-    bpk = xmalloc((size_t)(ld * K));
+    /* the scales padded to whole slivers, the packed weights to whole groups */
+    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = row->pack_width;
+    const int64_t ldw = (N + gw - 1) / gw * gw;
+    bpk = xmalloc((size_t)(ldw * K));
     for (int i = 0; i < 256; ++i) q[i] = (uint8_t)i;
     for (size_t f8 = 0; f8 < sizeof FORMATS8 / sizeof FORMATS8[0]; ++f8) {
         const int fmt = FORMATS8[f8];
@@ -192,10 +194,10 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
                 want[j] = fmaf(1.0f, w1, fmaf(1.0f, w0, 0.0f));
             }
             for (int64_t j = N; j < ld; ++j) sc[j] = 1.0f, of[j] = 0.0f;
-            memset(bpk, 0, (size_t)(ld * K));
+            memset(bpk, 0, (size_t)(ldw * K));
             for (int64_t j = 0; j < N; ++j)
                 for (int p = 0; p < K; ++p)
-                    bpk[((j / nr) * K + p) * nr + j % nr] = b[1 + p * N + j];
+                    bpk[nm_packed_offset(K, gw, 1, p, j)] = b[1 + p * N + j];
             const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite,
                                    .o = with_offsets ? of : NULL};
             static const int64_t ms[] = {1, 2, 4, 5};
@@ -228,8 +230,9 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
     enum { N = 1024, K = 2 };
     static const float scales[2][4] = {{1.0f, 0.0078125f, -3.3f, 0x1p-60f},
                                        {1.0f, 0.0078125f, -3.296875f, 0x1p-24f}};
-    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr;
-    uint8_t *b = xmalloc(N + 1), *bpk = xmalloc((size_t)ld);
+    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = row->pack_width;
+    const int64_t ldw = (N + gw - 1) / gw * gw; /* the packed weights: whole groups */
+    uint8_t *b = xmalloc(N + 1), *bpk = xmalloc((size_t)ldw);
     float *sc = xmalloc((size_t)ld * 4), *off = xmalloc((size_t)ld * 4), *want = xmalloc(N * 4);
     uint16_t *sc16 = xmalloc((size_t)ld * 2), *off16 = xmalloc((size_t)ld * 2);
     float *c = xmalloc(5 * N * 4);
@@ -237,12 +240,12 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
     for (int fmt = NM_FMT_Q4_0; fmt <= NM_FMT_Q4_1; ++fmt)
     for (int half = 0; half < 2; ++half) {
         const int with_offsets = nm_format_table[fmt].offset;
-        memset(bpk, 0, (size_t)ld);
+        memset(bpk, 0, (size_t)ldw);
         for (int64_t j = 0; j < ld; ++j) sc[j] = 1.0f, off[j] = 0.0f;
         for (int j = 0; j < N; ++j) {
             const unsigned q = (unsigned)j & 255u;
             b[1 + j] = (uint8_t)q;
-            bpk[(j / nr) * nr + j % nr] = (uint8_t)q; /* k = 2: one stored row a sliver */
+            bpk[nm_packed_offset(1, gw, 1, 0, j)] = (uint8_t)q; /* k = 2: one stored row */
             sc[j] = scales[half][j / 256];
             off[j] = with_offsets ? 0.25f * (float)(j % 7) - 0.5f : 0.0f;
             const float lo = (float)(q & 15u), hi = (float)(q >> 4);
@@ -365,14 +368,15 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
             memcpy(q + n * item, &v, (size_t)item); /* little-endian */
             dec[n++] = d;
         }
-        const int64_t nr = row->nr, ld = (n + nr - 1) / nr * nr;
-        uint8_t *b = xmalloc((size_t)(K * n * item)), *bpk = xmalloc((size_t)(K * ld * item));
-        memset(bpk, 0, (size_t)(K * ld * item));
+        const int64_t nr = row->nr, ld = (n + nr - 1) / nr * nr, gw = row->pack_width;
+        const int64_t ldw = (n + gw - 1) / gw * gw; /* the packed weights: whole groups */
+        uint8_t *b = xmalloc((size_t)(K * n * item)), *bpk = xmalloc((size_t)(K * ldw * item));
+        memset(bpk, 0, (size_t)(K * ldw * item));
         for (int p = 0; p < K; ++p) /* row p: the codes rotated by 7p */
             for (int64_t j = 0; j < n; ++j) {
                 const uint8_t *src = q + ((j + 7 * p) % n) * item;
                 memcpy(b + (p * n + j) * item, src, (size_t)item);
-                memcpy(bpk + (((j / nr) * K + p) * nr + j % nr) * item, src, (size_t)item);
+                memcpy(bpk + nm_packed_offset(K, gw, item, p, j), src, (size_t)item);
             }
         float *sc = xmalloc((size_t)ld * 4), *c = xmalloc((size_t)(5 * n) * 4);
         float *of = xmalloc((size_t)ld * 4); /* zero offsets (Q5_1): fma(q, 1, 0) is q */
@@ -456,7 +460,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     uint8_t *b = braw + 1; /* odd byte offset, odd row stride */
     const size_t c_bytes = (size_t)((m + 2) * ldc) * 4;
     float *c_ref = xmalloc(c_bytes), *c_got = xmalloc(c_bytes), *c_pk = xmalloc(c_bytes);
-    float *c_sm = xmalloc(c_bytes); /* packed weights, their grid sliver-major */
+    float *c_sm = xmalloc(c_bytes); /* packed weights, their grid group-major */
     for (int64_t i = 0; i < m * lda; ++i) a[i] = next_float();
     for (int64_t p = 0; p < k; ++p) {
         for (int64_t j = 0; j < n; ++j) {
@@ -496,35 +500,37 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
             for (int64_t j = 0; j < n; ++j) finite &= (b[p * ldb + j] & special) != special;
         scl.finite = scl16.finite = finite;
     }
-    /* the same weights in this row's packed layout: NR-column slivers of k contiguous rows,
-     * in a buffer of exactly that size (the sanitizers see any read past it) */
-    const int64_t nr = row->nr, slivers = (n + nr - 1) / nr;
-    const size_t pk_bytes = (size_t)(slivers * stored * nr * itemsize);
+    /* the same weights in this row's packed layout: groups of pack_width columns, k
+     * contiguous rows each, in a buffer of exactly that size (the sanitizers see any read
+     * past it) */
+    const int64_t gw = row->pack_width, groups = (n + gw - 1) / gw;
+    const size_t pk_bytes = (size_t)(groups * stored * gw * itemsize);
     uint8_t *bpk = xmalloc(pk_bytes ? pk_bytes : 1);
     memset(bpk, 0, pk_bytes);
-    for (int64_t sl = 0; sl < slivers; ++sl)
-        for (int64_t p = 0; p < stored; ++p)
-            for (int64_t j = sl * nr; j < n && j < sl * nr + nr; ++j)
-                memcpy(bpk + ((sl * stored + p) * nr + j - sl * nr) * itemsize,
-                       b + p * ldb + j * itemsize, (size_t)itemsize);
-    /* the tested grid sliver-major (nm_scales.lsl), as the Python side gives packed weights:
-     * each sliver's blocks in a row, in buffers of exactly that size */
-    const int64_t sm_count = slivers * nblocks * nr;
+    for (int64_t p = 0; p < stored; ++p)
+        for (int64_t j = 0; j < n; ++j)
+            memcpy(bpk + nm_packed_offset(stored, gw, itemsize, p, j),
+                   b + p * ldb + j * itemsize, (size_t)itemsize);
+    /* the tested grid group-major (nm_scales.lsl), as the Python side gives packed weights:
+     * each group's blocks in a row, in buffers of exactly that size (the columns past the
+     * row-major grid's, never read, a finite 1) */
+    const int64_t sm_count = groups * nblocks * gw;
     float *svm = xmalloc((size_t)(sm_count ? sm_count : 1) * 4);
     float *ovm = xmalloc((size_t)(sm_count ? sm_count : 1) * 4);
     uint16_t *svm16 = xmalloc((size_t)(sm_count ? sm_count : 1) * 2);
     uint16_t *ovm16 = xmalloc((size_t)(sm_count ? sm_count : 1) * 2);
-    for (int64_t sl = 0; sl < slivers; ++sl)
+    for (int64_t g = 0; g < groups; ++g)
         for (int64_t q = 0; q < nblocks; ++q)
-            for (int64_t jj = 0; jj < nr; ++jj) {
-                const int64_t to = (sl * nblocks + q) * nr + jj, from = q * sld + sl * nr + jj;
-                svm[to] = sv[from], ovm[to] = ov[from];
-                svm16[to] = sv16[from], ovm16[to] = ov16[from];
+            for (int64_t jj = 0; jj < gw; ++jj) {
+                const int64_t to = (g * nblocks + q) * gw + jj, from = q * sld + g * gw + jj;
+                const int inside = g * gw + jj < sld;
+                svm[to] = inside ? sv[from] : 1.0f, ovm[to] = inside ? ov[from] : 0.0f;
+                svm16[to] = inside ? sv16[from] : 0x3c00, ovm16[to] = inside ? ov16[from] : 0;
             }
     const int offsets = nm_format_table[fmt].offset;
     nm_scales sm = half ? (nm_scales){.s16 = svm16, .o16 = offsets ? ovm16 : NULL}
                         : (nm_scales){.s = svm, .o = offsets ? ovm : NULL};
-    sm.ld = nr, sm.bk = bk, sm.finite = scl.finite, sm.lsl = nblocks * nr;
+    sm.ld = gw, sm.bk = bk, sm.finite = scl.finite, sm.lsl = nblocks * gw;
     nm_set_num_threads(1);
     int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate || bias,
                        NULL, scales);
@@ -555,7 +561,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
                bad_pk == 0 && guard_pk == 0 && bad_sm == 0 && guard_sm == 0,
            "%s %s m=%lld n=%lld k=%lld start=%d threads=%d bk=%lld finite=%d binary16 scales=%d: "
            "%ld differ, %ld guard cells written; packed weights: %ld differ, %ld guard cells "
-           "written; sliver-major scales: %ld differ, %ld guard cells written",
+           "written; group-major scales: %ld differ, %ld guard cells written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
            start, threads, (long long)bk, scl.finite, half, bad, guard, bad_pk, guard_pk, bad_sm,
            guard_sm);

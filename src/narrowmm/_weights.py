@@ -200,7 +200,8 @@ class _ScaledMatrix:
     # first, which measured slower for the 4-bit formats (docs/kernels.md).
     _half_grids = False
     # The sliver width of a sliver-major grid (packed weights: the m <= 2 walks read each
-    # sliver's scales as one stream beside its codes), or 0: row-major.
+    # sliver's scales as one stream beside its codes; the C core calls these slivers the
+    # packed layout's groups), or 0: row-major.
     _grid_width = 0
 
     def kernel_scales(self, ld: int | None = None) -> tuple[np.ndarray, int, bool] | None:
@@ -441,11 +442,13 @@ class Weights(_ScaledMatrix):
     def pack(self) -> PackedWeights:
         """A copy in the native ISA row's packed layout, for faster calls with the same bits.
 
-        The matrix is stored as slivers of the row's microkernel width (24 columns on avx2,
-        32 on avx512, 8 on scalar and neon), each sliver's k rows contiguous. The batch-1
-        kernel then reads a few long contiguous streams instead of k short rows, which is
-        faster at small batches (``docs/kernels.md`` has the measurements). Pack once, when
-        the model loads; the copy takes about the same memory as these weights.
+        The matrix is stored as slivers of the row's packed width (``PackedWeights.width``:
+        four of its microkernel's slivers side by side, 96 columns on avx2, 128 on avx512,
+        32 on neon; 16 on scalar), each sliver's k rows contiguous. The batch-1 kernel then
+        reads one long contiguous stream for four microkernel slivers instead of k short
+        rows, which is faster at small batches (``docs/kernels.md`` has the measurements).
+        Pack once, when the model loads; the copy takes about the same memory as these
+        weights (the last sliver padded with zero columns).
 
         Raises:
             RuntimeError: the native core is not loaded (there is no row to pack for).
@@ -536,9 +539,10 @@ def _quantize_gguf_blocks(cls: type[Weights], a: np.ndarray, fmt: Format,
     return cls.from_bits(bits, fmt, Scales(d16.astype(np.float32), block), offsets)
 
 
-# The packed layout, written once on this side (csrc/frame/matmul.c's packed_weights_at is
-# the C side): sliver s holds columns [s * width, (s + 1) * width) as k rows of width
-# weights, the columns past n zero; ceil(n / width) slivers one after another.
+# The packed layout, written once on this side (narrowmm.h's nm_packed_offset is the C side,
+# which calls these slivers groups: each is a few of the microkernel's NR-column slivers side
+# by side): sliver s holds columns [s * width, (s + 1) * width) as k rows of width weights,
+# the columns past n zero; ceil(n / width) slivers one after another.
 
 def padded_columns(n: int, width: int) -> int:
     """Columns of ``n`` padded to whole slivers of ``width``."""

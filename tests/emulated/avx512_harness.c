@@ -64,12 +64,12 @@ enum { EMU_MATMUL = 0, EMU_DECODE = 1, EMU_ENCODE = 2, EMU_MATMUL_PACKED = 3 };
 typedef struct emu_job {
     int64_t op, fmt, m, n, k, lda, ldb, ldc, accumulate, threads;
     const float *a;    /* matmul: x; encode: the floats */
-    const uint8_t *b;  /* matmul: weights (packed: the row's slivers); decode: 16-bit patterns */
+    const uint8_t *b;  /* matmul: weights (packed: the row's groups); decode: 16-bit patterns */
     void *c;           /* matmul: out; decode: floats; encode: 16-bit patterns */
     const float *s;    /* matmul of a scaled format: the kernels' scales (nm_scales), or 0 */
     int64_t s_ld, s_bk, s_finite;
     int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; the GGUF formats) */
-    int64_t s_lsl;     /* nm_scales.lsl: 0, or s is sliver-major (packed weights), ld = NR */
+    int64_t s_lsl;     /* nm_scales.lsl: 0, or s is group-major (packed weights), ld = pack_width */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -83,9 +83,9 @@ void nm_emu_main(emu_job *job) {
     const int with_offsets = job->fmt >= 0 && job->fmt < NM_FMT_COUNT &&
                              nm_format_table[job->fmt].offset;
     const uint16_t *s16 = job->s_half ? (const uint16_t *)job->s : 0;
-    /* the offsets' grid: after the scales' blocks (row-major), or after every sliver's
-     * (sliver-major: n padded to whole slivers) */
-    const int64_t lower = job->s_lsl ? (job->n + row.nr - 1) / row.nr * job->s_lsl
+    /* the offsets' grid: after the scales' blocks (row-major), or after every group's
+     * (group-major: n padded to whole groups) */
+    const int64_t lower = job->s_lsl ? (job->n + row.pack_width - 1) / row.pack_width * job->s_lsl
                                      : blocks * job->s_ld;
     const nm_scales scales =
         s16 ? (nm_scales){.s16 = s16, .ld = job->s_ld, .bk = job->s_bk,

@@ -131,7 +131,7 @@ def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
     """Each job: op, fmt, m, n, k, lda, ldb, ldc, accumulate, threads, a, b, c (bytes),
     c_size, and b_offset (B's distance from a 64-byte boundary); for a scaled format also
     s (the kernels' scales, bytes), s_ld, s_bk, s_finite, s_half (s is a float16 grid) and
-    s_lsl (nm_scales.lsl: 0, or s is a packed layout's sliver-major grid).
+    s_lsl (nm_scales.lsl: 0, or s is a packed layout's group-major grid).
     Returns each job's c window
     (c_size bytes) after the call."""
     data_bytes = max(JOB.size + len(j["a"]) + len(j["b"]) + j["c_size"] + len(j.get("s", b""))

@@ -15,6 +15,9 @@
 
 #define MR 4
 #define NR 24
+/* packed weights: groups of four slivers side by side, so the m <= 2 walks read one stream
+ * of weights for four slivers (docs/kernels.md, "Groups of slivers") */
+#define PACK_WIDTH (4 * NR)
 
 /* ---- loading 8 weights as float32 (B may sit at any byte address) ------------------- */
 
@@ -337,6 +340,7 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     row->silu_name = "silu_avx2";
     row->mr = MR;
     row->nr = NR;
+    row->pack_width = PACK_WIDTH;
     row->kc = 256; /* a 24 KiB sliver, which the tiles below the first reuse from L1 */
     NM_SET_MATMUL_SLOTS(row, gemv, avx2);
     NM_SET_MATMUL_SLOTS(row, gemv2, avx2);

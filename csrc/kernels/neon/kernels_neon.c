@@ -13,6 +13,9 @@
 
 #define MR 8
 #define NR 8
+/* packed weights: groups of four slivers side by side, so the m <= 2 walks read one stream
+ * of weights for four slivers (docs/kernels.md, "Groups of slivers") */
+#define PACK_WIDTH (4 * NR)
 
 /* ---- loading 4 weights as float32 (B may sit at any byte address) ------------------- */
 
@@ -271,6 +274,7 @@ NM_ROW_FILL void nm_fill_row_neon(nm_isa_kernels *row) {
     row->isa = "neon";
     row->mr = MR;
     row->nr = NR;
+    row->pack_width = PACK_WIDTH;
     row->kc = 256;
     NM_SET_MATMUL_SLOTS(row, gemv, neon);
     NM_SET_MATMUL_SLOTS(row, gemv2, neon);

@@ -34,6 +34,9 @@ NM_DEFINE_GEMV(gemv_q8_0_scalar, nm_load1_q8_0_raw(row + j) * s[j])
 #define SET1(x) (x)
 #define FMAF_ACC(acc, x, y) fmaf(x, y, acc)
 #define SCALAR_NR 8
+/* packed weights: groups of two slivers side by side (the SIMD rows take four; two keeps a
+ * group here unlike any of theirs, so the tests meet another width) */
+#define PACK_WIDTH (2 * SCALAR_NR)
 #define NO_PREFETCH(p) ((void)(p))
 
 /* Two rows at once, from the SIMD rows' template with one-float "vectors": the same chains. */
@@ -181,6 +184,7 @@ NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     row->isa = "scalar";
     row->mr = SCALAR_MR;
     row->nr = SCALAR_NR;
+    row->pack_width = PACK_WIDTH;
     row->kc = 256;
     NM_SET_MATMUL_SLOTS(row, gemv, scalar);
     NM_SET_MATMUL_SLOTS(row, gemv2, scalar);

@@ -33,8 +33,9 @@ from .._weights import PackedWeights, TorchWeights, Weights
 from ..checkpoints import load_safetensors
 from ._layer import Linear
 
-# Column ranges are whole multiples of this: a multiple of every ISA row's sliver width
-# (8, 24, 32), so each rank's slice packs into whole slivers wherever it runs.
+# Column ranges are whole multiples of this: a multiple of every ISA row's microkernel width
+# (8, 24, 32), so each rank's slice packs into whole microkernel slivers wherever it runs
+# (its last packed group may be padded: the same bits, a little memory).
 COLUMN_GRAIN = 96
 
 
