@@ -46,7 +46,8 @@ UNITS = [
     (EMULATED / "avx512_harness.c", ["-mfma"]),
 ]
 EMU_MATMUL, EMU_DECODE, EMU_ENCODE, EMU_MATMUL_PACKED = 0, 1, 2, 3
-AVX512_PACK_WIDTH = 128  # the avx512 row's packed groups: four 32-column slivers
+AVX512_NR = 32  # the avx512 row's sliver width: its packed layout for 16- and 32-bit weights
+AVX512_PACK_WIDTH = 128  # and for the byte formats: groups of four slivers side by side
 FMT = {f.name: f.code for f in nm.FORMATS.values()}
 SPECIAL = {"e4m3fn": 0x7F, "e5m2": 0x7C}  # the magnitude bits every NaN/Inf code has
 GUARD = 0x7FBADBAD  # a NaN pattern no kernel writes
@@ -212,7 +213,7 @@ def packed(case):
     dtype = np.float32 if itemsize == 4 else np.uint16
     k, n = job["k"], job["n"]
     rows = np.frombuffer(job["b"], dtype).reshape(k, job["ldb"] // itemsize)[:, :n]
-    slivers = pack_slivers(np.ascontiguousarray(rows), AVX512_PACK_WIDTH)
+    slivers = pack_slivers(np.ascontiguousarray(rows), AVX512_NR)
     return dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0), want, shape
 
 

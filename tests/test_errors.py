@@ -156,7 +156,7 @@ def test_the_binding_checks_a_bias_on_its_own(packed):
     bits = np.full((3, 4), 0x3C00, np.uint16)  # fp16 1.0
     out = np.full((2, 4), 7.0, np.float32)
     if packed:
-        width = c.pack_width()
+        width = c.pack_width(nm.get_format("fp16").code)
         slivers = np.zeros((3, width), np.uint16)
 
         def call(bias, accumulate=False, target=out):

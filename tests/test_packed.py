@@ -45,7 +45,8 @@ def test_packed_gives_the_scalar_bits_on_every_row_and_thread_count(fmt):
     for isa in ISAS:
         with use_isa(isa):
             packed = [w.pack() for _, w in cases]
-            assert all(p.isa == isa and p.width == core().pack_width() for p in packed)
+            assert all(p.isa == isa and p.width == core().pack_width(p.format.code)
+                       for p in packed)
             for threads in (1, 2, 3, 7):
                 nm.set_num_threads(threads)
                 for (x, _), p, expected in zip(cases, packed, want, strict=True):
@@ -127,7 +128,7 @@ def test_pack_unpack_round_trip(k, n):
     for fmt in ALL_FORMATS:
         w = random_weights(rng, k, n, fmt)
         p = w.pack()
-        width = core().pack_width()
+        width = core().pack_width(w.format.code)
         assert p.shape == (k, n) and p.format is w.format and p.width == width
         assert p.bits.shape == (-(-n // width), k, width)
         assert p.nbytes == p.bits.size * w.format.itemsize
@@ -149,7 +150,7 @@ def test_packed_for_another_row_is_refused(rng):
     for isa in ISAS:
         with use_isa(isa):
             for other, p in widths.items():
-                if p.width == core().pack_width():
+                if p.width == core().pack_width(p.format.code):
                     assert_same_bits(nm.matmul(x, p), nm.matmul(x, w))
                 else:
                     with pytest.raises(ValueError, match=f"packed for the {other} row"):

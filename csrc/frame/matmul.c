@@ -35,7 +35,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 /* Column ranges handed to threads are multiples of this many columns on row-major weights: a
  * whole number of 64-byte lines of B for every format (32 fp16/bf16, 16 f32 weights a line)
  * and of slivers for every row (NR 8, 24 or 32), so only the last range can end in a partial
- * sliver. On packed weights they are whole groups (the row's pack_width, job_grain): a group
+ * sliver. On packed weights they are whole groups (nm_pack_width, job_grain): a group
  * split between two threads is walked a sliver at a time by both, and SmolLM2's decoder at 2
  * threads measured 1.04-1.06x faster with whole groups (docs/kernels.md, "Groups of
  * slivers"). */
@@ -50,23 +50,21 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 #define NM_SLIVER_OUTER_ROWS 16
 #define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
 /* The m <= 2 packed path under short blocks of scales walks chunks of slivers, each chunk
- * through all of k in one call, each sliver (and its part of the sliver-major grid,
- * nm_scales.lsl) one stream. At m = 1 chunks of NM_LONG_GEMV_SLIVERS, fewer streams at once:
- * measured on an AMD Zen 5 (in process, cold, Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192)
- * 1.02-1.28x at 2 threads and 0.89-1.29x at 1 against chunks of 8, the avx2 row 0.99-1.23x;
- * at m = 2 on 4-bit slivers it was mixed (0.80-1.27x), so two rows keep
- * NM_BLOCKED_GEMV_SLIVERS. Short slivers of the 8-bit formats (at most
- * NM_GEMV_SHORT_SLIVER_BYTES: Q8_0, FP8 under blocks of scales) at m = 1 take one sliver at a
- * time (NM_SHORT_BYTE_GEMV_SLIVERS): the packed slivers follow each other in memory, so the
- * call reads its codes as one stream (Zen 5, k of 576 and 768, 1 thread: Q8_0 1.07-1.26x,
- * e4m3fn 1.17-1.23x on avx512, Q8_0 1.21-1.36x on avx2; 2 threads 0.96-1.14x; the 4-bit
- * formats ran 0.64-0.77x so). Short 4-bit slivers used to walk a block of scales at a time
- * with a prefetch two blocks ahead (1.10-1.76x on the Zen 5 with row-major grids); with
- * sliver-major grids that walk was the slowest (Zen 4, docs/kernels.md), so it went. */
+ * (never past its group's end) through all of k in one call, a group's slivers (and its part
+ * of the group-major grid, nm_scales.lsl) one stream. At m = 1 chunks of
+ * NM_GEMV_SLIVERS, fewer streams at once (measured before the groups, each sliver then its
+ * own stream, on an AMD Zen 5: in process, cold, Q4_0 / Q4_1 / Q8_0, k of 2048 to 8192,
+ * 1.02-1.28x at 2 threads and 0.89-1.29x at 1 against chunks of 8, the avx2 row
+ * 0.99-1.23x); at m = 2 on 4-bit slivers it was mixed (0.80-1.27x), so two rows keep
+ * NM_BLOCKED_GEMV_SLIVERS, both cut at the group's end. Short slivers of the 8-bit formats
+ * went one at a time while each sliver was one stream (Zen 5, k of 576 and 768: Q8_0
+ * 1.07-1.26x); in groups one sliver a call reads a quarter of each group row (0.4-0.7x on
+ * the Zen 4), so they take a group too ("Groups of slivers" in docs/kernels.md). Short 4-bit
+ * slivers used to walk a block of scales at a time with a prefetch two blocks ahead
+ * (1.10-1.76x on the Zen 5 with row-major grids); with sliver-major grids that walk was the
+ * slowest (Zen 4, docs/kernels.md), so it went. */
 #define NM_BLOCKED_GEMV_SLIVERS 8
-#define NM_LONG_GEMV_SLIVERS 4
-#define NM_SHORT_BYTE_GEMV_SLIVERS 4
-#define NM_GEMV_SHORT_SLIVER_BYTES ((int64_t)24 << 10)
+#define NM_GEMV_SLIVERS 4
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
  * cost more than it saves. */
 #define NM_PARALLEL_MIN_WORK ((int64_t)1 << 18)
@@ -86,7 +84,7 @@ typedef struct matmul_job {
     int64_t ldc;
     int accumulate;
     const float *bias; /* NULL, or the n values the chains start from (not with accumulate) */
-    int packed; /* B is in the row's sliver-major layout (nm_matmul_packed); ldb unused */
+    int packed; /* B is in the row's packed layout (nm_matmul_packed); ldb unused */
     const nm_scales *scales; /* NULL for a format without scales */
     int long_k_blocks; /* the tiled path's k blocks span several blocks of scales (k_block_end) */
     int col_parts, row_parts; /* the parts form a row_parts x col_parts grid of C blocks */
@@ -103,7 +101,7 @@ static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, in
         *ldb = job->ldb;
         return job->b + p / kpack * job->ldb + j * itemsize;
     }
-    const int64_t width = job->isa->pack_width;
+    const int64_t width = nm_pack_width(job->isa, job->fmt);
     *ldb = width * itemsize;
     return job->b + nm_packed_offset(job->k / kpack, width, itemsize, p / kpack, j);
 }
@@ -140,7 +138,7 @@ static void float_scales(const matmul_job *job, int64_t p, int64_t pe, int64_t j
     }
     const int64_t q0 = p / sc->bk, blocks = (pe - 1) / sc->bk - q0 + 1;
     const nm_decode_fn widen = job->isa->decode[NM_FMT_FP16];
-    for (int64_t q = 0; q < blocks; ++q) { /* w columns of one sliver if sliver-major */
+    for (int64_t q = 0; q < blocks; ++q) { /* w columns in one group if group-major */
         widen(sc->s16 + nm_grid_offset(sc, q0 + q, j), buf + q * w, w);
         if (sc->o16) widen(sc->o16 + nm_grid_offset(sc, q0 + q, j), buf + (blocks + q) * w, w);
     }
@@ -227,7 +225,7 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
 
 /* A hint (a prefetch never faults) for the scales and offsets of columns j.. (w wide) in the
  * block of scales of row p: a line per 64 bytes of the grid's row, or of each sliver's part
- * of it (a sliver-major grid). */
+ * of it (a group-major grid). */
 static void prefetch_block_scales(const matmul_job *job, int64_t p, int64_t j, int64_t w) {
     const nm_scales *sc = job->scales;
     const int64_t item = sc->s16 ? 2 : 4;
@@ -318,10 +316,10 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * column matrix, share their cache lines with the next sliver's, which reads them while they
  * are still cached.
  *
- * Packed weights and few rows (NM_SLIVER_OUTER_ROWS): slivers outside, k blocks inside. A
- * sliver's rows are then one contiguous stream from its first k block to its last, which the
- * hardware prefetchers follow from block to block, and its few C tiles stay in L1 across the
- * k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats: they
+ * Packed weights and few rows (NM_SLIVER_OUTER_ROWS): slivers outside, k blocks inside (a
+ * group of slivers outside, its slivers inside each k block). A group's rows are then one
+ * contiguous stream from its first k block to its last, which the hardware prefetchers
+ * follow from block to block, and its few C tiles stay in L1 across the k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats: they
  * measured faster with the k blocks outside at m = 4 to 16, with the first tile a block of
  * scales at a time and again with it through a k block in one call (docs/kernels.md, "The
  * block formats' speed": 0.87-0.92x slivers outside at m = 16); the other
@@ -362,19 +360,28 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
             pack_a(mc_max, pe - pc, job->a + i_begin * job->lda + pc, job->lda, mr,
                    a_panel + pc * mc_pad);
         }
-        for (int64_t jr = j_begin; jr < j_end; jr += nr) {
-            const int64_t w = min64(nr, j_end - jr);
+        /* a group of packed slivers at a time (their stored rows side by side), its slivers
+         * inside each k block: the group's rows are then one stream from its first k block
+         * to its last, where a sliver at a time through all of k would read every fourth
+         * line of a stream four times as long (bf16 at m = 16 ran 0.5x so) */
+        const int64_t group = nm_pack_width(isa, job->fmt);
+        for (int64_t jg = j_begin, g_end; jg < j_end; jg = g_end) {
+            g_end = min64(j_end, (jg / group + 1) * group);
             for (int64_t pc = 0, pe; pc < k; pc = pe) {
                 pe = k_block_end(job, pc, kc_max);
-                /* after the bottom tile: this sliver's top in the next k block, or the next
-                 * sliver's top */
-                const float *c_after = pe < k ? c_block + jr
-                                       : jr + nr < j_end ? c_block + jr + nr
-                                                         : NULL;
-                /* no next block to prefetch: the sliver's next k block follows in the same
-                 * stream, for the hardware's prefetch to follow */
-                sliver_block(job, pc, pe - pc, jr, w, a_panel + pc * mc_pad, mc_max, c_block,
-                             sliver, scale_buf, c_after, -1, 0);
+                for (int64_t jr = jg; jr < g_end; jr += nr) {
+                    /* after the bottom tile: the group's next sliver, its first in the next
+                     * k block, or the next group's first */
+                    const float *c_after = jr + nr < g_end ? c_block + jr + nr
+                                           : pe < k        ? c_block + jg
+                                           : g_end < j_end ? c_block + g_end
+                                                           : NULL;
+                    /* no next block to prefetch: the group's next k block follows in the same
+                     * stream, for the hardware's prefetch to follow */
+                    sliver_block(job, pc, pe - pc, jr, min64(nr, j_end - jr),
+                                 a_panel + pc * mc_pad, mc_max, c_block, sliver, scale_buf,
+                                 c_after, -1, 0);
+                }
             }
         }
     } else {
@@ -402,7 +409,7 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
 
 /* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN). */
 static int64_t job_grain(const matmul_job *job) {
-    return job->packed ? job->isa->pack_width : NM_COLUMN_GRAIN;
+    return job->packed ? nm_pack_width(job->isa, job->fmt) : NM_COLUMN_GRAIN;
 }
 
 static void column_range(int64_t n, int64_t grain, int part, int parts, int64_t *begin,
@@ -441,13 +448,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
          * group to group; chunks of a few slivers (never past their group's end) taken
          * through all of k keep the group one stream, and one packed gemv call per chunk
          * keeps its C in registers. */
-        const int64_t sliver_bytes = job->k / nm_format_table[job->fmt].kpack * isa->nr *
-                                     nm_format_table[job->fmt].itemsize;
-        const int short_byte_slivers = sliver_bytes <= NM_GEMV_SHORT_SLIVER_BYTES &&
-                                       nm_format_table[job->fmt].kpack == 1;
-        const int64_t chunk_slivers = rows > 1              ? NM_BLOCKED_GEMV_SLIVERS
-                                      : short_byte_slivers ? NM_SHORT_BYTE_GEMV_SLIVERS
-                                                           : NM_LONG_GEMV_SLIVERS;
+        const int64_t chunk_slivers = rows > 1 ? NM_BLOCKED_GEMV_SLIVERS : NM_GEMV_SLIVERS;
         const int64_t chunk = job->packed && job->scales && job->scales->bk < job->k
                                   ? chunk_slivers * isa->nr
                                   : j1 - j0;
@@ -462,8 +463,8 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         }
         for (int64_t jc = j0, w; jc < j1; jc += w) {
             /* a call's columns lie in one group of packed weights */
-            const int64_t to_group_end = job->packed ? isa->pack_width - jc % isa->pack_width
-                                                     : j1 - jc;
+            const int64_t group = nm_pack_width(isa, job->fmt);
+            const int64_t to_group_end = job->packed ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
             float *c = job->c + i0 * job->ldc + jc;
             /* packed weights: one call through all of k, the kernel stepping through the
@@ -552,10 +553,10 @@ static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int
     if ((nm_format_table[fmt].scaled != 0) != (scales != NULL)) return NM_EINVAL;
     if (scales && scales->bk <= 0) return NM_EINVAL;
     /* a row-major grid covers n columns; a group-major one (packed weights only) is a
-     * group's pack_width columns a block, each group's blocks clear of the next group's */
+     * group's nm_pack_width columns a block, each group's blocks clear of the next group's */
     if (scales && !scales->lsl && scales->ld < n) return NM_EINVAL;
     if (scales && scales->lsl &&
-        (!packed || scales->ld != isa->pack_width ||
+        (!packed || scales->ld != nm_pack_width(isa, fmt) ||
          scales->lsl < (k == 0 ? 1 : (k + scales->bk - 1) / scales->bk) * scales->ld))
         return NM_EINVAL;
     /* one grid: float32 (s, o), or binary16 (s16, o16) for a format that takes it, on a row

@@ -15,7 +15,7 @@ enum nm_status { NM_OK = 0, NM_ENOMEM = -1, NM_EINVAL = -2 };
  * so each block of bk rows shares one row of s (bk >= k: one row for all). Every s must be
  * finite. ld >= n; for packed weights ld >= ceil(n / NR) * NR, the padding columns finite.
  * Packed weights may instead have their grid group-major, as their codes are (lsl > 0):
- * each group's blocks one after another, ld = W = row->pack_width floats a block, lsl
+ * each group's blocks one after another, ld = W = nm_pack_width floats a block, lsl
  * floats from one group's grid to the next (lsl >= blocks * W):
  *     s[(j / W) * lsl + (p / bk) * W + j % W]
  * so the m <= 2 walks read a group's scales as one stream beside its codes, not a row
@@ -68,7 +68,8 @@ int nm_matmul(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t 
               int64_t ldc, int accumulate, const float *bias, const nm_scales *scales);
 
 /* The same product on weights packed for this row (Weights.pack): ceil(n / W) groups of
- * W = row->pack_width columns (a few of the row's NR-column slivers side by side), group g
+ * W = nm_pack_width(row, fmt) columns (a few of the row's NR-column slivers side by side for
+ * the formats of a byte or less a weight, one for the others), group g
  * holding columns [g*W, g*W + W) as k / kpack stored rows of W contiguous elements (stored
  * row r at byte (g*k/kpack + r) * W * itemsize from b: nm_packed_offset), the columns past n
  * zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
@@ -240,9 +241,18 @@ int nm_isa_runs_on(int index, unsigned features);
 enum { NM_ISA_UNKNOWN = -1, NM_ISA_UNSUPPORTED = -2, NM_ISA_NONE = -3 };
 int nm_isa_select(const char *name, unsigned features);
 
+/* The packed layout's group width for weights of `fmt` on `row`: row->pack_width (a few
+ * slivers side by side, one stream for the m <= 2 walks) for the formats of a byte or less
+ * a weight; NR (a sliver a group, each sliver's rows on their own) for the 16- and 32-bit
+ * ones, whose tiled path reads one sliver of a wider group's rows with L1 set conflicts:
+ * bf16 at m = 16 ran 0.73x in groups of four (docs/kernels.md, "Groups of slivers"). */
+static inline int64_t nm_pack_width(const nm_isa_kernels *row, int fmt) {
+    return nm_format_table[fmt].itemsize == 1 ? row->pack_width : row->nr;
+}
+
 /* The packed layout's address arithmetic, the one place C computes it (Python's is
  * narrowmm/_weights.py's pack_slivers): the byte offset of weight (p, j) in weights packed
- * as groups of `width` columns (row->pack_width), k rows each (nm_matmul_packed). */
+ * as groups of `width` columns (nm_pack_width), k rows each (nm_matmul_packed). */
 static inline int64_t nm_packed_offset(int64_t k, int64_t width, int64_t itemsize, int64_t p,
                                        int64_t j) {
     return (((j / width) * k + p) * width + j % width) * itemsize;

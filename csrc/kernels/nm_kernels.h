@@ -73,7 +73,7 @@ typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
 /* m == 1 on packed weights (the row's packed layout, see nm_matmul_packed): the same chains
  * as gemv over columns 0..n-1 of slivers of NR columns (NR of the including row) side by side
  * within one group of the layout, starting at b: stored row p of column j at b + p*ldb +
- * j*itemsize (ldb: the group's row, pack_width * itemsize bytes; the frame never gives a
+ * j*itemsize (ldb: the group's row, nm_pack_width * itemsize bytes; the frame never gives a
  * call columns of two groups). Columns of the last sliver past n are read (they are zero;
  * s is padded there too) but C past n is not touched. Walking a few slivers at a time keeps
  * their accumulators in registers for all of k, and a group's slivers share its stored
@@ -164,7 +164,8 @@ typedef void (*nm_silu_fn)(int64_t n, const float *x, float *y);
 typedef struct nm_isa_kernels {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
-    int pack_width;       /* the packed layout's groups: pack_width / nr slivers side by side */
+    int pack_width;       /* packed byte formats' groups: pack_width / nr slivers side by side
+                           * (nm_pack_width in narrowmm.h) */
     int64_t kc;           /* k block the frame uses with this row (a sliver is kc x nr) */
     nm_gemv_fn gemv[NM_MATMUL_SLOTS];
     const char *gemv_name[NM_MATMUL_SLOTS];

@@ -35,10 +35,11 @@ PyObject *py_cpu_features(PyObject *self, PyObject *noargs) {
     return feature_list(cpu_features);
 }
 
-PyObject *py_pack_width(PyObject *self, PyObject *noargs) {
+PyObject *py_pack_width(PyObject *self, PyObject *args) {
     (void)self;
-    (void)noargs;
-    return PyLong_FromLong(current_row->pack_width);
+    int fmt;
+    if (!PyArg_ParseTuple(args, "i:pack_width", &fmt) || parse_format(fmt) < 0) return NULL;
+    return PyLong_FromLong((long)nm_pack_width(current_row, fmt));
 }
 
 PyObject *py_isa(PyObject *self, PyObject *noargs) {

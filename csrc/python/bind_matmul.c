@@ -67,7 +67,7 @@ static PyObject *run_matmul(int fmt, const matrix *a, const matrix *b, const mat
     const nm_isa_kernels *row = current_row;
     const int64_t m = a->rows, k = a->cols;
     /* Column chunks, with a look for signals (Ctrl-C) between them: see NM_CHUNK_SECONDS. */
-    const int64_t align = packed ? row->pack_width : NM_CHUNK_ALIGN;
+    const int64_t align = packed ? nm_pack_width(row, fmt) : NM_CHUNK_ALIGN;
     const double per_column = (double)k * (double)(m + NM_CHUNK_GEMV_WEIGHT);
     int64_t cols = per_column * (double)n <= NM_CHUNK_MIN_TOTAL
                        ? n
@@ -121,7 +121,7 @@ const char *weights_accept(int fmt) {
  * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). A format
  * with offsets (Q4_1) has them below the scales, as many rows: its array is twice as tall
  * and its lower half is the offsets. A format with half_scales (the GGUF ones) may give a
- * float16 array instead (nm_scales.s16). Packed weights (group: the row's pack_width, else
+ * float16 array instead (nm_scales.s16). Packed weights (group: their nm_pack_width, else
  * 0) may give their grid group-major instead, a (groups, blocks, width) array with groups *
  * width >= min_ld (twice the groups with offsets, theirs the lower half): nm_scales.lsl. On
  * success *have says whether `sc` was filled (and `view` must be released). */
@@ -302,7 +302,7 @@ done:
 
 /* matmul_packed(fmt, x, slivers, n, out, accumulate): the weights as the current row's
  * layout (nm_matmul_packed), passed as a (ceil(n / W) * k, W) C-contiguous array, W the
- * row's pack_width. */
+ * format's nm_pack_width on the row. */
 PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     int fmt, accumulate;
@@ -315,7 +315,7 @@ PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     if (parse_format(fmt) < 0) return NULL;
     const int bsize = nm_format_table[fmt].itemsize;
-    const int64_t nr = current_row->nr, width = current_row->pack_width;
+    const int64_t nr = current_row->nr, width = nm_pack_width(current_row, fmt);
     matrix a = {0}, b = {0}, c = {0};
     PyObject *result = NULL;
     if (get_matrix(ao, "x", 0, 1, 4, "f", &a) < 0) goto done;

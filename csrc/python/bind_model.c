@@ -84,7 +84,7 @@ static int take_linear(plan *p, PyObject *spec, const char *what, int64_t want_k
         return -1;
     }
     const nm_format_info *info = &nm_format_table[fmt];
-    const int64_t nr = p->row->nr, width = p->row->pack_width, kpack = info->kpack;
+    const int64_t nr = p->row->nr, width = nm_pack_width(p->row, fmt), kpack = info->kpack;
     matrix b = {0};
     if (get_matrix(bits, what, 0, 0, info->itemsize, weights_accept(fmt), &b) < 0) {
         release(&b);

@@ -52,7 +52,7 @@ PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *py_encode(PyObject *self, PyObject *args);
 PyObject *py_decode(PyObject *self, PyObject *args);
 PyObject *py_cpu_features(PyObject *self, PyObject *noargs);
-PyObject *py_pack_width(PyObject *self, PyObject *noargs);
+PyObject *py_pack_width(PyObject *self, PyObject *args);
 PyObject *py_isa(PyObject *self, PyObject *noargs);
 PyObject *py_isa_rows(PyObject *self, PyObject *noargs);
 PyObject *py_set_isa(PyObject *self, PyObject *arg);

@@ -168,7 +168,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     const float a[5 * K] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     float *c = xmalloc(5 * 4 * N);
     /* the scales padded to whole slivers, the packed weights to whole groups */
-    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = row->pack_width;
+    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = row->pack_width; /* bytes */
     const int64_t ldw = (N + gw - 1) / gw * gw;
     bpk = xmalloc((size_t)(ldw * K));
     for (int i = 0; i < 256; ++i) q[i] = (uint8_t)i;
@@ -230,7 +230,7 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
     enum { N = 1024, K = 2 };
     static const float scales[2][4] = {{1.0f, 0.0078125f, -3.3f, 0x1p-60f},
                                        {1.0f, 0.0078125f, -3.296875f, 0x1p-24f}};
-    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = row->pack_width;
+    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = nm_pack_width(row, NM_FMT_Q4_0);
     const int64_t ldw = (N + gw - 1) / gw * gw; /* the packed weights: whole groups */
     uint8_t *b = xmalloc(N + 1), *bpk = xmalloc((size_t)ldw);
     float *sc = xmalloc((size_t)ld * 4), *off = xmalloc((size_t)ld * 4), *want = xmalloc(N * 4);
@@ -368,7 +368,7 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
             memcpy(q + n * item, &v, (size_t)item); /* little-endian */
             dec[n++] = d;
         }
-        const int64_t nr = row->nr, ld = (n + nr - 1) / nr * nr, gw = row->pack_width;
+        const int64_t nr = row->nr, ld = (n + nr - 1) / nr * nr, gw = nm_pack_width(row, fmt);
         const int64_t ldw = (n + gw - 1) / gw * gw; /* the packed weights: whole groups */
         uint8_t *b = xmalloc((size_t)(K * n * item)), *bpk = xmalloc((size_t)(K * ldw * item));
         memset(bpk, 0, (size_t)(K * ldw * item));
@@ -503,7 +503,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     /* the same weights in this row's packed layout: groups of pack_width columns, k
      * contiguous rows each, in a buffer of exactly that size (the sanitizers see any read
      * past it) */
-    const int64_t gw = row->pack_width, groups = (n + gw - 1) / gw;
+    const int64_t gw = nm_pack_width(row, fmt), groups = (n + gw - 1) / gw;
     const size_t pk_bytes = (size_t)(groups * stored * gw * itemsize);
     uint8_t *bpk = xmalloc(pk_bytes ? pk_bytes : 1);
     memset(bpk, 0, pk_bytes);

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import _environ
-from ._formats import operations
+from ._formats import get_format, operations
 from ._threads import get_num_threads
 from .providers import forced_provider, get_provider, providers, resolve
 from .providers.native import core, describe_kernels
@@ -81,7 +81,9 @@ def runtime_info() -> dict[str, Any]:
         "wake_min_work": c.get_wake_min_work() if c else None,
         "spin_ns": c.get_spin_ns() if c else None,
         "omp_team": bool(c.omp_team()) if c else False,
-        "pack_width": c.pack_width() if c else None,
+        # the packed width of a 16-bit format, then of a byte one (Weights.pack)
+        "pack_width": ([c.pack_width(get_format(f).code) for f in ("bf16", "q8_0")]
+                       if c else None),
         "provider_forced": forced_provider(),
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
                        "reason": p.unavailable_reason()} for p in providers()],
@@ -120,7 +122,9 @@ def show_runtime(as_json: bool = False) -> None:
         rule += f"; workers spin {spin / 1000:g} us after a call before they sleep"
     print(f"threads:   {info['threads']}{rule}")
     if info["pack_width"]:
-        print(f"packing:   Weights.pack() makes {info['pack_width']}-column slivers for this row")
+        wide, byte = info["pack_width"]
+        print(f"packing:   Weights.pack() makes {wide}-column slivers for this row "
+              f"({byte} for the formats of a byte or less a weight)")
     for p in info["providers"]:
         state = "available" if p["available"] else f"unavailable: {p['reason']}"
         print(f"provider:  {p['name']:<9} priority {p['priority']:>3}  {state}")

@@ -442,11 +442,13 @@ class Weights(_ScaledMatrix):
     def pack(self) -> PackedWeights:
         """A copy in the native ISA row's packed layout, for faster calls with the same bits.
 
-        The matrix is stored as slivers of the row's packed width (``PackedWeights.width``:
-        four of its microkernel's slivers side by side, 96 columns on avx2, 128 on avx512,
-        32 on neon; 16 on scalar), each sliver's k rows contiguous. The batch-1 kernel then
-        reads one long contiguous stream for four microkernel slivers instead of k short
-        rows, which is faster at small batches (``docs/kernels.md`` has the measurements).
+        The matrix is stored as slivers of the row's packed width for the format
+        (``PackedWeights.width``), each sliver's k rows contiguous: for the formats of a
+        byte or less a weight four of the row's microkernel slivers side by side (96
+        columns on avx2, 128 on avx512, 32 on neon; two, 16, on scalar), for the 16- and
+        32-bit ones one (24, 32, 8, 8). The batch-1 kernel then reads one long contiguous
+        stream for a few slivers instead of k short rows, which is faster at small batches
+        (``docs/kernels.md`` has the measurements).
         Pack once, when the model loads; the copy takes about the same memory as these
         weights (the last sliver padded with zero columns).
 
@@ -456,7 +458,8 @@ class Weights(_ScaledMatrix):
         """
 
         c = checked_core()
-        return PackedWeights(pack_slivers(self.bits, int(c.pack_width())), self.shape[1],
+        return PackedWeights(pack_slivers(self.bits, int(c.pack_width(self.format.code))),
+                             self.shape[1],
                              self.format, c.isa(), self.scales, self.offsets)
 
     def __repr__(self) -> str:
@@ -705,7 +708,7 @@ class TorchWeights:
         this layout: no intermediate transposed copy."""
 
         c = checked_core()
-        return PackedWeights(pack_slivers(self.bits.T, int(c.pack_width())),
+        return PackedWeights(pack_slivers(self.bits.T, int(c.pack_width(self.format.code))),
                              self.out_features, self.format, c.isa(), self._kn_scales(),
                              self._kn_offsets())
 

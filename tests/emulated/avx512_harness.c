@@ -69,7 +69,7 @@ typedef struct emu_job {
     const float *s;    /* matmul of a scaled format: the kernels' scales (nm_scales), or 0 */
     int64_t s_ld, s_bk, s_finite;
     int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; the GGUF formats) */
-    int64_t s_lsl;     /* nm_scales.lsl: 0, or s is group-major (packed weights), ld = pack_width */
+    int64_t s_lsl;     /* nm_scales.lsl: 0, or s is group-major (packed weights, nm_pack_width) */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -85,7 +85,8 @@ void nm_emu_main(emu_job *job) {
     const uint16_t *s16 = job->s_half ? (const uint16_t *)job->s : 0;
     /* the offsets' grid: after the scales' blocks (row-major), or after every group's
      * (group-major: n padded to whole groups) */
-    const int64_t lower = job->s_lsl ? (job->n + row.pack_width - 1) / row.pack_width * job->s_lsl
+    const int64_t width = job->s_lsl ? nm_pack_width(&row, (int)job->fmt) : 1;
+    const int64_t lower = job->s_lsl ? (job->n + width - 1) / width * job->s_lsl
                                      : blocks * job->s_ld;
     const nm_scales scales =
         s16 ? (nm_scales){.s16 = s16, .ld = job->s_ld, .bk = job->s_bk,

@@ -228,7 +228,7 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
     NM_DEFINE_TILE_PACK(TILE, TILE_, ITEM, LOAD16, SCV)                                      \
     NM_DEFINE_TILE_PACK(TILE##_half, TILE_HALF_, ITEM, LOAD16, SCV)                          \
     static inline int NAME##_half_ok(int64_t ldb) {                                          \
-        return (HALF_ROWS) || ldb == PACK_WIDTH * (ITEM); /* packed: a group's rows */       \
+        return (HALF_ROWS) || ldb == PACKED_LDB(ITEM); /* packed: a group's rows */          \
     }                                                                                        \
     NM_DEFINE_UKERNEL_PACK_FROM_TILES(NAME, TILE, TILE##_half, NAME##_half_ok)
 

@@ -67,10 +67,11 @@ def checked_core():
 def check_pack_width(w) -> None:
     """Raise unless packed weights ``w`` were packed for the sliver width of the row in
     use (a width the binding would reject with less to say)."""
-    if w.width != _core.pack_width():
+    width = _core.pack_width(w.format.code)
+    if w.width != width:
         raise ValueError(f"these weights were packed for the {w.isa} row "
                          f"({w.width}-column slivers); the {_core.isa()} row in use "
-                         f"reads {_core.pack_width()}: pack them again under it")
+                         f"reads {width}: pack them again under it")
 
 
 def _matmul(fmt: Format):

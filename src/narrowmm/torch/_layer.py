@@ -57,7 +57,7 @@ def _layer_weights(weight: torch.Tensor, fmt: Format, out_features: int, packed:
         if grid.dtype == np.int16:
             grid = grid.view(np.float16)
         plain, offsets = _plain_scales((grid, scale_block, finite), fmt, out_features)
-    w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2]), plain, offsets)
+    w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2], fmt), plain, offsets)
          if packed else Weights.from_bits(bits, fmt, plain, offsets))
     if grid is not None:
         w.preset_kernel_scales(grid, scale_block, finite)
@@ -121,10 +121,12 @@ def _eager(x: torch.Tensor) -> bool:
             and _current_dispatch_mode() is None)
 
 
-def _pack_isa(width: int) -> str:
-    """The ISA row a packed width belongs to now (matmul checks the width itself)."""
+def _pack_isa(width: int, fmt: Format) -> str:
+    """The ISA row a packed width of ``fmt`` belongs to now (matmul checks the width
+    itself)."""
     c = core()
-    return c.isa() if c is not None and c.pack_width() == width else f"width-{width}"
+    return (c.isa() if c is not None and c.pack_width(fmt.code) == width
+            else f"width-{width}")
 
 
 class Linear(torch.nn.Module):
