@@ -35,9 +35,9 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 /* Column ranges handed to threads are multiples of this many columns on row-major weights: a
  * whole number of 64-byte lines of B for every format (32 fp16/bf16, 16 f32 weights a line)
  * and of slivers for every row (NR 8, 24 or 32), so only the last range can end in a partial
- * sliver. On packed weights they are whole groups (nm_pack_width, job_grain): a group
- * split between two threads is walked a sliver at a time by both, and SmolLM2's decoder at 2
- * threads measured 1.04-1.06x faster with whole groups (docs/kernels.md, "Groups of
+ * sliver. On packed weights at m <= 2 they are whole groups (nm_pack_width, job_grain): a
+ * group split between two threads is walked a sliver at a time by both, and SmolLM2's
+ * decoder at 2 threads measured 1.04x faster with whole groups (docs/kernels.md, "Groups of
  * slivers"). */
 #define NM_COLUMN_GRAIN 96
 /* At most this many rows of A are packed at once (2 MiB with kc = 256). Up to this m each
@@ -407,9 +407,12 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     return NM_OK;
 }
 
-/* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN). */
+/* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN): whole groups for the
+ * m <= 2 walks on packed weights; the tiled path takes a sliver at a time anyway, and its
+ * ranges in whole groups (128 columns on avx512) split SmolLM2's 576-column layers 256 |
+ * 320 at 2 threads: its decoder at batch 8 ran 0.82x. */
 static int64_t job_grain(const matmul_job *job) {
-    return job->packed ? nm_pack_width(job->isa, job->fmt) : NM_COLUMN_GRAIN;
+    return job->packed && job->m <= 2 ? nm_pack_width(job->isa, job->fmt) : NM_COLUMN_GRAIN;
 }
 
 static void column_range(int64_t n, int64_t grain, int part, int parts, int64_t *begin,
