@@ -140,6 +140,29 @@ def test_pack_unpack_round_trip(k, n):
             assert not p.bits[-1, :, n % width:].any()
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
+    """The formats of a byte or less a weight pack four microkernel slivers side by side on
+    the SIMD rows (two on scalar), the 16- and 32-bit ones one (nm_pack_width); a matrix
+    that ends part way into a group, at m = 1 and 2 on 1 to 7 threads (the threads' column
+    ranges in whole groups, a call's chunks cut at a group's end) gives the row-major bits."""
+    with use_isa(isa):
+        nr = core().pack_width(nm.get_format("bf16").code)  # the microkernel's width
+        for fmt in ALL_FORMATS:
+            f = nm.get_format(fmt)
+            width = core().pack_width(f.code)
+            assert width == (nr if f.itemsize > 1 else (2 if isa == "scalar" else 4) * nr)
+            n = 2 * width + nr + 3  # two groups, a sliver and part of one more (bytes)
+            w = random_weights(rng, 64, n, fmt)
+            p = w.pack()
+            assert p.width == width and p.bits.shape == (-(-n // width), 64 // f.kpack, width)
+            for m in (1, 2):
+                x = rng.standard_normal((m, 64)).astype(np.float32)
+                for threads in (1, 2, 3, 7):
+                    nm.set_num_threads(threads)
+                    assert_same_bits(nm.matmul(x, p), nm.matmul(x, w))
+
+
 def test_packed_for_another_row_is_refused(rng):
     w = random_weights(rng, 10, 40, "fp16")
     x = rng.standard_normal((1, 10)).astype(np.float32)
