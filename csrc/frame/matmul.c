@@ -319,7 +319,8 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * Packed weights and few rows (NM_SLIVER_OUTER_ROWS): slivers outside, k blocks inside (a
  * group of slivers outside, its slivers inside each k block). A group's rows are then one
  * contiguous stream from its first k block to its last, which the hardware prefetchers
- * follow from block to block, and its few C tiles stay in L1 across the k blocks. A is packed once for all of k and read from L2. Not for the 4-bit formats: they
+ * follow from block to block, and its few C tiles stay in L1 across the k blocks. A is
+ * packed once for all of k and read from L2. Not for the 4-bit formats: they
  * measured faster with the k blocks outside at m = 4 to 16, with the first tile a block of
  * scales at a time and again with it through a k block in one call (docs/kernels.md, "The
  * block formats' speed": 0.87-0.92x slivers outside at m = 16); the other
@@ -362,8 +363,10 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
         }
         /* a group of packed slivers at a time (their stored rows side by side), its slivers
          * inside each k block: the group's rows are then one stream from its first k block
-         * to its last, where a sliver at a time through all of k would read every fourth
-         * line of a stream four times as long (bf16 at m = 16 ran 0.5x so) */
+         * to its last, where a sliver at a time through all of k reads a part of each of
+         * its rows, then comes back for the rest (bf16 in groups of four ran 0.52x so at
+         * m = 16 in the kernel bench, 0.73x in this order, and keeps a sliver a group; the
+         * byte formats' groups take this order unmeasured against the other) */
         const int64_t group = nm_pack_width(isa, job->fmt);
         for (int64_t jg = j_begin, g_end; jg < j_end; jg = g_end) {
             g_end = min64(j_end, (jg / group + 1) * group);
@@ -464,10 +467,16 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
             atomic_store(&job->failed, 1);
             return;
         }
+        /* packed weights in groups of several slivers: a call's columns lie in one group,
+         * side by side (slb: from a sliver to the next); in groups of one, a call takes
+         * several, a whole sliver apart */
+        const int64_t group = nm_pack_width(isa, job->fmt), fmt_bytes =
+            nm_format_table[job->fmt].itemsize;
+        const int cut = job->packed && group > isa->nr;
+        const int64_t slb = cut ? isa->nr * fmt_bytes
+                                : job->k / nm_format_table[job->fmt].kpack * isa->nr * fmt_bytes;
         for (int64_t jc = j0, w; jc < j1; jc += w) {
-            /* a call's columns lie in one group of packed weights */
-            const int64_t group = nm_pack_width(isa, job->fmt);
-            const int64_t to_group_end = job->packed ? group - jc % group : j1 - jc;
+            const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
             float *c = job->c + i0 * job->ldc + jc;
             /* packed weights: one call through all of k, the kernel stepping through the
@@ -483,23 +492,23 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                 if (job->packed && job->scales && job->scales->s16) {
                     const uint16_t *s = grid_at(job, 0, p0, jc), *o = grid_at(job, 1, p0, jc);
                     if (rows == 1)
-                        isa->gemv_packed_half[job->fmt](p1 - p0, ldb, w, a + p0, b, c, s, o, bk,
-                                                        lds);
+                        isa->gemv_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0, b, c, s, o,
+                                                        bk, lds);
                     else
-                        isa->gemv2_packed_half[job->fmt](p1 - p0, ldb, w, a + p0, job->lda, b,
-                                                         c, job->ldc, s, o, bk, lds);
+                        isa->gemv2_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0, job->lda,
+                                                         b, c, job->ldc, s, o, bk, lds);
                     continue;
                 }
                 const float *s, *o;
                 int64_t unused_lds;
                 float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &unused_lds);
                 if (rows == 1 && job->packed)
-                    isa->gemv_packed[slot](p1 - p0, ldb, w, a + p0, b, c, s, o, bk, lds);
+                    isa->gemv_packed[slot](p1 - p0, ldb, slb, w, a + p0, b, c, s, o, bk, lds);
                 else if (rows == 1)
                     isa->gemv[slot](p1 - p0, w, a + p0, b, ldb, c, s, o);
                 else if (job->packed)
-                    isa->gemv2_packed[slot](p1 - p0, ldb, w, a + p0, job->lda, b, c, job->ldc,
-                                            s, o, bk, lds);
+                    isa->gemv2_packed[slot](p1 - p0, ldb, slb, w, a + p0, job->lda, b, c,
+                                            job->ldc, s, o, bk, lds);
                 else
                     isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
             }

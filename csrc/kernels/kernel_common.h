@@ -297,9 +297,9 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * uint16_t for a binary16 grid (nm_scales.s16), which SCV then reads. */
 #define NM_GEMV_PACKED_SLIVERS_(NAME, ST, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,    \
                                 LOADW, FMA, SCV)                                             \
-    static inline void NAME(int64_t k, int64_t ldb, const float *a, int64_t lda,            \
-                            const uint8_t *b, float *c, int64_t ldc, const ST *s,           \
-                            const ST *o, int64_t bk, int64_t lds) {                          \
+    static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,            \
+                            int64_t lda, const uint8_t *b, float *c, int64_t ldc,           \
+                            const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block of scales */         \
         VEC acc_[(RR) * W_];                                                                 \
@@ -317,7 +317,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                 _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
                     const int64_t col_ = w_ * (L);                                           \
                     (void)col_; /* unscaled formats read no scales */                        \
-                    const VEC wv_ = SCV(LOADW(row_ + col_ * (ITEM)), s + col_, o + col_);    \
+                    const uint8_t *w_at_ = row_ + w_ / V_ * slb + (w_ % V_) * (L) * (ITEM);  \
+                    const VEC wv_ = SCV(LOADW(w_at_), s + col_, o + col_);                   \
                     _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                \
                         acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ap_[r_], wv_);          \
                 }                                                                            \
@@ -327,24 +328,25 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             STOREC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L), acc_[i_]); \
     }
 
-/* The walk over n columns shared by both (all in one group of the packed layout, stored rows
- * ldb bytes apart): G-sliver groups, single slivers, the padded tail. */
-#define NM_GEMV_PACKED_WALK_(NAME, RR, G, ITEM, NRW, k, ldb, n, a, lda, b, c, ldc, s, o, bk,  \
+/* The walk over n columns shared by both (stored rows ldb bytes apart, slb bytes from a
+ * sliver's first to the next one's; scales side by side): G-sliver groups, single slivers,
+ * the padded tail. */
+#define NM_GEMV_PACKED_WALK_(NAME, RR, G, NRW, k, ldb, slb, n, a, lda, b, c, ldc, s, o, bk,   \
                              lds)                                                            \
     do {                                                                                     \
         int64_t j = 0;                                                                       \
         for (; j + (G) * (NRW) <= (n); j += (G) * (NRW))                                     \
-            NAME##_group_(k, ldb, a, lda, (b) + j * (ITEM), (c) + j, ldc, (s) ? (s) + j : NULL, \
-                          (o) ? (o) + j : NULL, bk, lds);                                    \
+            NAME##_group_(k, ldb, slb, a, lda, (b) + j / (NRW) * (slb), (c) + j, ldc,        \
+                          (s) ? (s) + j : NULL, (o) ? (o) + j : NULL, bk, lds);              \
         for (; j + (NRW) <= (n); j += (NRW))                                                 \
-            NAME##_one_(k, ldb, a, lda, (b) + j * (ITEM), (c) + j, ldc, (s) ? (s) + j : NULL, \
-                        (o) ? (o) + j : NULL, bk, lds);                                      \
+            NAME##_one_(k, ldb, slb, a, lda, (b) + j / (NRW) * (slb), (c) + j, ldc,          \
+                        (s) ? (s) + j : NULL, (o) ? (o) + j : NULL, bk, lds);                \
         if (j < (n)) {                                                                       \
             _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
             const size_t bytes_ = (size_t)((n) - j) * sizeof(float);                         \
             for (int r = 0; r < (RR); ++r) memcpy(tail + r * (NRW), (c) + r * (ldc) + j, bytes_); \
-            NAME##_one_(k, ldb, a, lda, (b) + j * (ITEM), tail, NRW, (s) ? (s) + j : NULL,  \
-                        (o) ? (o) + j : NULL, bk, lds);                                      \
+            NAME##_one_(k, ldb, slb, a, lda, (b) + j / (NRW) * (slb), tail, NRW,             \
+                        (s) ? (s) + j : NULL, (o) ? (o) + j : NULL, bk, lds);                \
             for (int r = 0; r < (RR); ++r) memcpy((c) + r * (ldc) + j, tail + r * (NRW), bytes_); \
         }                                                                                    \
     } while (0)
@@ -355,9 +357,10 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                             LOADW, FMA, SCV)                                                 \
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, ST, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,   \
                             LOADW, FMA, SCV)                                                 \
-    static void NAME(int64_t k, int64_t ldb, int64_t n, const float *a, const uint8_t *b,    \
-                     float *c, const ST *s, const ST *o, int64_t bk, int64_t lds) {          \
-        NM_GEMV_PACKED_WALK_(NAME, 1, G, ITEM, NRW, k, ldb, n, a, 0, b, c, 0, s, o, bk, lds); \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
+                     const uint8_t *b, float *c, const ST *s, const ST *o, int64_t bk,       \
+                     int64_t lds) {                                                          \
+        NM_GEMV_PACKED_WALK_(NAME, 1, G, NRW, k, ldb, slb, n, a, 0, b, c, 0, s, o, bk, lds);  \
     }
 
 /* m == 2: G2 slivers at a time, chosen so that 2 x G2 x NRW/L accumulators fit the row's
@@ -368,10 +371,10 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                             LOADW, FMA, SCV)                                                 \
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, ST, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,   \
                             LOADW, FMA, SCV)                                                 \
-    static void NAME(int64_t k, int64_t ldb, int64_t n, const float *a, int64_t lda,         \
-                     const uint8_t *b, float *c, int64_t ldc, const ST *s, const ST *o,      \
-                     int64_t bk, int64_t lds) {                                              \
-        NM_GEMV_PACKED_WALK_(NAME, 2, G2, ITEM, NRW, k, ldb, n, a, lda, b, c, ldc, s, o, bk,  \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
+                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const ST *s,      \
+                     const ST *o, int64_t bk, int64_t lds) {                                 \
+        NM_GEMV_PACKED_WALK_(NAME, 2, G2, NRW, k, ldb, slb, n, a, lda, b, c, ldc, s, o, bk,   \
                              lds);                                                           \
     }
 
@@ -637,9 +640,9 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * scales and offsets; their results are dropped). */
 #define NM_NIBBLE_SLIVERS_(NAME, ST, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES,  \
                            DEQ)                                                              \
-    static inline void NAME(int64_t k, int64_t ldb, const float *a, int64_t lda,            \
-                            const uint8_t *b, float *c, int64_t ldc, const ST *s,           \
-                            const ST *o, int64_t bk, int64_t lds) {                          \
+    static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,            \
+                            int64_t lda, const uint8_t *b, float *c, int64_t ldc,           \
+                            const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         VEC acc_[(RR) * W_];                                                                 \
@@ -657,7 +660,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                 _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
                     const int64_t col_ = w_ * (L);                                           \
                     VEC lo_, hi_;                                                            \
-                    NIBBLES(row_ + col_, lo_, hi_);                                          \
+                    NIBBLES(row_ + w_ / V_ * slb + (w_ % V_) * (L), lo_, hi_);               \
                     const VEC wl_ = DEQ(lo_, s + col_, o + col_);                            \
                     const VEC wh_ = DEQ(hi_, s + col_, o + col_);                            \
                     _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {              \
@@ -683,18 +686,19 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                        LOADC, STOREC, FMA, NIBBLES, DEQ)                                     \
     NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_one_, ST, 2, 1, VEC, L, NRW, SET1, LOADC,  \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
-    static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ldb, int64_t n, const float *a, \
-                                          const uint8_t *b, float *c, const ST *s,          \
-                                          const ST *o, int64_t bk, int64_t lds) {            \
-        NM_GEMV_PACKED_WALK_(gemv_packed_##FMT##_##ISA, 1, G, 1, NRW, k, ldb, n, a, 0, b, c, 0, \
-                             s, o, bk, lds);                                                 \
+    static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ldb, int64_t slb, int64_t n,   \
+                                          const float *a, const uint8_t *b, float *c,       \
+                                          const ST *s, const ST *o, int64_t bk,             \
+                                          int64_t lds) {                                     \
+        NM_GEMV_PACKED_WALK_(gemv_packed_##FMT##_##ISA, 1, G, NRW, k, ldb, slb, n, a, 0, b, c, \
+                             0, s, o, bk, lds);                                              \
     }                                                                                        \
-    static void gemv2_packed_##FMT##_##ISA(int64_t k, int64_t ldb, int64_t n, const float *a, \
-                                           int64_t lda, const uint8_t *b, float *c,         \
-                                           int64_t ldc, const ST *s, const ST *o,           \
+    static void gemv2_packed_##FMT##_##ISA(int64_t k, int64_t ldb, int64_t slb, int64_t n,  \
+                                           const float *a, int64_t lda, const uint8_t *b,   \
+                                           float *c, int64_t ldc, const ST *s, const ST *o, \
                                            int64_t bk, int64_t lds) {                        \
-        NM_GEMV_PACKED_WALK_(gemv2_packed_##FMT##_##ISA, 2, G2, 1, NRW, k, ldb, n, a, lda, b, \
-                             c, ldc, s, o, bk, lds);                                         \
+        NM_GEMV_PACKED_WALK_(gemv2_packed_##FMT##_##ISA, 2, G2, NRW, k, ldb, slb, n, a, lda, \
+                             b, c, ldc, s, o, bk, lds);                                      \
     }
 
 /* Packing (nm_pack_fn) a kc x nc block into float32 slivers of width nr: stored row r gives

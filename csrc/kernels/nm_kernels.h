@@ -71,42 +71,46 @@ typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
                             const float *s, const float *o);
 
 /* m == 1 on packed weights (the row's packed layout, see nm_matmul_packed): the same chains
- * as gemv over columns 0..n-1 of slivers of NR columns (NR of the including row) side by side
- * within one group of the layout, starting at b: stored row p of column j at b + p*ldb +
- * j*itemsize (ldb: the group's row, nm_pack_width * itemsize bytes; the frame never gives a
- * call columns of two groups). Columns of the last sliver past n are read (they are zero;
- * s is padded there too) but C past n is not touched. Walking a few slivers at a time keeps
- * their accumulators in registers for all of k, and a group's slivers share its stored
- * rows, so the weights come as one stream, which the hardware prefetchers follow.
+ * as gemv over columns 0..n-1 of slivers of NR columns (NR of the including row) starting at
+ * b: stored row p of sliver t at b + t*slb + p*ldb, its columns itemsize bytes apart. In a
+ * group of several slivers (nm_pack_width > NR: the byte formats) the slivers are side by
+ * side, slb = NR*itemsize and ldb the group's row, and the frame never gives a call columns
+ * of two groups; in a group of one, slb is a whole sliver (k rows) and ldb = NR*itemsize.
+ * Columns of the last sliver past n are read (they are zero; s is padded there too) but C
+ * past n is not touched. Walking a few slivers at a time keeps their accumulators in
+ * registers for all of k and reads their weights as a few long streams (one, in a group),
+ * which the hardware prefetchers follow.
  * Unlike the other slots, these take several blocks of scales in one call: rows [t*bk,
  * t*bk + bk) use the scales (and offsets) at s + t*lds (o + t*lds); bk >= k is one block
  * (lds unused). bk is a multiple of the format's kpack. A call per block would reload C
  * and restart the walk every 32 rows of a GGUF format (docs/kernels.md, "The block
  * formats' speed"). Column j's scales are at s + j in each block: a row-major grid, or the
  * group's part of a group-major one (nm_scales.lsl). */
-typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t ldb, int64_t n, const float *a,
-                                  const uint8_t *b, float *c, const float *s, const float *o,
-                                  int64_t bk, int64_t lds);
+typedef void (*nm_gemv_packed_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                  const float *a, const uint8_t *b, float *c, const float *s,
+                                  const float *o, int64_t bk, int64_t lds);
 
 /* m == 2 on packed weights: the gemv_packed chains for two rows at once, row r of A at
  * a + r*lda and of C at c + r*ldc (float strides). Each weight is read once for both rows,
  * so two rows cost about what one does when the weights come from DRAM. */
-typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ldb, int64_t n, const float *a,
-                                   int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                                   const float *s, const float *o, int64_t bk, int64_t lds);
+typedef void (*nm_gemv2_packed_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                   const float *a, int64_t lda, const uint8_t *b, float *c,
+                                   int64_t ldc, const float *s, const float *o, int64_t bk,
+                                   int64_t lds);
 
 /* The packed gemvs of a format whose scales (and offsets) may be binary16 grids
  * (nm_format_info.half_scales, nm_scales.s16): the same walk, the same chains, each scale
  * read as a binary16 and widened exactly. At m <= 2 the walk streams its blocks' scales with
  * its codes, and a float32 grid is a ninth (Q8_0), a fifth (Q4_0) or a third (Q4_1) of the
  * bytes a weight costs; the other slots take float32 scales, which the frame widens. */
-typedef void (*nm_gemv_packed_half_fn)(int64_t k, int64_t ldb, int64_t n, const float *a,
-                                       const uint8_t *b, float *c, const uint16_t *s,
-                                       const uint16_t *o, int64_t bk, int64_t lds);
-typedef void (*nm_gemv2_packed_half_fn)(int64_t k, int64_t ldb, int64_t n, const float *a,
-                                        int64_t lda, const uint8_t *b, float *c, int64_t ldc,
-                                        const uint16_t *s, const uint16_t *o, int64_t bk,
-                                        int64_t lds);
+typedef void (*nm_gemv_packed_half_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                       const float *a, const uint8_t *b, float *c,
+                                       const uint16_t *s, const uint16_t *o, int64_t bk,
+                                       int64_t lds);
+typedef void (*nm_gemv2_packed_half_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                        const float *a, int64_t lda, const uint8_t *b, float *c,
+                                        int64_t ldc, const uint16_t *s, const uint16_t *o,
+                                        int64_t bk, int64_t lds);
 
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]
