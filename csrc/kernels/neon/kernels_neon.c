@@ -13,8 +13,9 @@
 
 #define MR 8
 #define NR 8
-/* packed weights: groups of four slivers side by side, so the m <= 2 walks read one stream
- * of weights for four slivers (docs/kernels.md, "Groups of slivers") */
+/* packed weights of the byte formats: groups of four slivers side by side, so the m <= 2
+ * walks read one stream of weights for four slivers (nm_pack_width; docs/kernels.md,
+ * "Groups of slivers") */
 #define PACK_WIDTH (4 * NR)
 
 /* ---- loading 4 weights as float32 (B may sit at any byte address) ------------------- */

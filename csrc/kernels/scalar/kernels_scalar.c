@@ -34,8 +34,8 @@ NM_DEFINE_GEMV(gemv_q8_0_scalar, nm_load1_q8_0_raw(row + j) * s[j])
 #define SET1(x) (x)
 #define FMAF_ACC(acc, x, y) fmaf(x, y, acc)
 #define SCALAR_NR 8
-/* packed weights: groups of two slivers side by side (the SIMD rows take four; two keeps a
- * group here unlike any of theirs, so the tests meet another width) */
+/* packed weights of the byte formats: groups of two slivers side by side (nm_pack_width;
+ * the SIMD rows take four: two here, so the tests meet another width) */
 #define PACK_WIDTH (2 * SCALAR_NR)
 #define NO_PREFETCH(p) ((void)(p))
 
