@@ -467,14 +467,13 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
             atomic_store(&job->failed, 1);
             return;
         }
-        /* packed weights in groups of several slivers: a call's columns lie in one group,
-         * side by side (slb: from a sliver to the next); in groups of one, a call takes
-         * several, a whole sliver apart */
-        const int64_t group = nm_pack_width(isa, job->fmt), fmt_bytes =
-            nm_format_table[job->fmt].itemsize;
+        /* packed weights: slb bytes from a sliver to the next (the layout's own offset:
+         * side by side in a group of several, a whole sliver apart in a group of one); a
+         * call's columns lie in one group when it has several */
+        const int64_t group = nm_pack_width(isa, job->fmt);
+        const int64_t slb = nm_packed_offset(job->k / nm_format_table[job->fmt].kpack, group,
+                                             nm_format_table[job->fmt].itemsize, 0, isa->nr);
         const int cut = job->packed && group > isa->nr;
-        const int64_t slb = cut ? isa->nr * fmt_bytes
-                                : job->k / nm_format_table[job->fmt].kpack * isa->nr * fmt_bytes;
         for (int64_t jc = j0, w; jc < j1; jc += w) {
             const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
