@@ -181,7 +181,7 @@ def test_scaled_matmul_equals_the_oracle_on_every_path(fmt, isa):
     for kind, scales in scale_kinds(rng, k, n).items():
         for finite in (False, True):
             w = random_fp8(rng, k, n, fmt, scales, finite)
-            for m in (1, 2, 5):
+            for m in (1, 2, 5, 7):  # packed: 5 rows as pairs, 7 as tiles
                 assert_oracle_bits_on_every_path(rng.standard_normal((m, k)).astype(np.float32), w)
                 assert w.kernel_scales(n)[2] == (finite or not np.any(
                     (w.bits & SPECIAL[fmt]) == SPECIAL[fmt])), kind

@@ -222,13 +222,14 @@ def random_weights(rng, fmt: str, k: int, n: int,
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matmul_equals_the_oracle_on_every_path(fmt, isa):
-    """m = 1 (gemv), 2 (two-row gemv), 5 (tiles), row-major and packed, with GGUF blocks
+    """m = 1 (gemv), 2 (two-row gemv), 5 (tiles; packed, pairs of rows through the two-row
+    gemv and an odd one through the gemv) and 7 (tiles), row-major and packed, with GGUF blocks
     and other block shapes (a k that is not a multiple of 32 included): the native rows and
     the NumPy provider give the reference oracle's bits."""
     rng = np.random.default_rng(5)
     for k, n, block in ((64, 29, (32, 1)), (46, 17, (32, 1)), (24, 40, (4, 8))):
         w = random_weights(rng, fmt, k, n, block)
-        for m in (1, 2, 5):
+        for m in (1, 2, 5, 7):
             assert_oracle_bits_on_every_path(rng.standard_normal((m, k)).astype(np.float32), w)
 
 
@@ -259,7 +260,7 @@ def test_the_weights_are_the_formula_so_the_chain_is_the_only_other_rounding(fmt
 @pytest.mark.parametrize("k, n", [(512, 1100), (2112, 300)])
 def test_rows_batches_threads_and_layouts_give_the_same_bits(fmt, isa, k, n):
     """A row's result does not depend on the batch it is in, the thread count or the
-    layout: m = 1, 2, 3, 16 and 40, on 1 and 2 threads, row-major and packed, on a matrix
+    layout: m = 1, 2, 3, 6, 7, 16 and 40, on 1 and 2 threads, row-major and packed, on a matrix
     large enough to be split across threads. k = 2112 makes every row's packed slivers
     longer than 24 KiB (the frame's long slivers: other chunks of slivers at m = 1, no
     prefetch), and its 300 columns end in a partial chunk and a partial sliver."""
@@ -273,7 +274,7 @@ def test_rows_batches_threads_and_layouts_give_the_same_bits(fmt, isa, k, n):
     try:
         for threads in (1, 2):
             nm.set_num_threads(threads)
-            for m in (1, 2, 3, 16, 40):
+            for m in (1, 2, 3, 6, 7, 16, 40):
                 assert_same_bits(nm.matmul(x[:m], w), alone[:m])
                 assert_same_bits(nm.matmul(x[:m], packed), alone[:m])
     finally:

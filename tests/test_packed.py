@@ -25,10 +25,11 @@ def _scalar_reference(x, w):
 
 
 # m: the gemv (1) and the tiled path around MR, with slivers outside the k blocks up to 16
-# rows and k blocks outside beyond; n: around every sliver width (8, 24, 32), a four-sliver
-# group (96) and thread grains; k: 0, tiny, across the k blocks (128, 256). Then: rows split
-# into parts (one column grain), and 16 rows whose A for all of k (8448) passes 512 KiB,
-# which sends them back to k blocks outside.
+# rows and k blocks outside beyond (the byte formats' groups: 3 to 6 rows as pairs); n:
+# around every sliver width (8, 24, 32), a four-sliver group (96) and thread grains; k: 0,
+# tiny, across the k blocks (128, 256). Then: rows split into parts (one column grain), and
+# 16 rows whose A for all of k (8448) passes 512 KiB, which sends them back to k blocks
+# outside.
 SHAPES = ([(m, 300, 200) for m in (1, 2, 4, 5, 9, 16, 17, 31)]
           + [(1, 37, n) for n in (*range(1, 50), 95, 96, 97, 127, 128, 129, 1100)]
           + [(5, 64, n) for n in (1, 7, 8, 9, 23, 24, 25, 33, 71, 97)]
@@ -144,19 +145,22 @@ def test_pack_unpack_round_trip(k, n):
 def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
     """The formats of a byte or less a weight pack four microkernel slivers side by side on
     the SIMD rows (two on scalar), the 16- and 32-bit ones one (nm_pack_width); a matrix
-    that ends part way into a group, at m = 1 and 2 on 1 to 7 threads (the threads' column
-    ranges in whole groups, a call's chunks cut at a group's end) gives the row-major bits."""
+    that ends part way into a group gives the row-major bits on 1 to 7 threads (the threads'
+    column ranges in whole groups, a call's chunks cut at a group's end): at m = 1 and 2, at
+    m = 3 to 6, which run on groups as pairs of rows through the same walks (an odd row
+    last), and at m = 7 and 9, tiles again."""
     with use_isa(isa):
         nr = core().pack_width(nm.get_format("bf16").code)  # the microkernel's width
-        for fmt in ALL_FORMATS:
+        for fmt in nm.FORMATS:  # every format, the byte ones (FP8, GGUF's blocks) included
             f = nm.get_format(fmt)
             width = core().pack_width(f.code)
             assert width == (nr if f.itemsize > 1 else (2 if isa == "scalar" else 4) * nr)
             n = 2 * width + nr + 3  # two groups, a sliver and part of one more (bytes)
-            w = random_weights(rng, 64, n, fmt)
+            a = rng.standard_normal((64, n)).astype(np.float32)
+            w = nm.Weights.quantize(a, fmt) if fmt.startswith("q") else nm.Weights.encode(a, fmt)
             p = w.pack()
             assert p.width == width and p.bits.shape == (-(-n // width), 64 // f.kpack, width)
-            for m in (1, 2):
+            for m in (1, 2, 3, 4, 5, 6, 7, 9):
                 x = rng.standard_normal((m, 64)).astype(np.float32)
                 for threads in (1, 2, 3, 7):
                     nm.set_num_threads(threads)

@@ -48,6 +48,13 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * (2 builds in one process, cold weights): m = 4 1.12-1.29x, m = 8 1.07-1.13x, m = 16
  * 0.98-1.07x, but m = 32 0.95-1.05x and m = 16 with k = 14336 (896 KiB of A) 0.97-0.99x. */
 #define NM_SLIVER_OUTER_ROWS 16
+/* Packed byte formats in groups of slivers (paired_rows) run up to this many rows a part as
+ * pairs through the m <= 2 walks, not as tiles, which read a sliver's quarter of each stored
+ * row of its group. On an AMD EPYC Zen 4 (avx512 row, cold, 896 x 4864, one thread, against
+ * the tiles): Q8_0 m = 3 1.44x, 4 1.32x, 6 1.25x, but 8 0.94x; Q4_0 / Q4_1 m = 3 1.27x /
+ * 1.48x, 4 1.11x / 1.20x, 6 1.18x / 1.19x, 8 0.86x / 0.89x, Q4_1 m = 7 1.01x; at two threads
+ * Q8_0 m = 6 1.4x, Q4_1 m = 4 1.5x (docs/kernels.md, "Pairs of rows"). */
+#define NM_PAIRED_ROWS 6
 #define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
 /* The m <= 2 packed path under short blocks of scales walks chunks of slivers, each chunk
  * (never past its group's end) through all of k in one call, a group's slivers (and its part
@@ -410,12 +417,22 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     return NM_OK;
 }
 
+/* Whether a part of `rows` rows runs as pairs of rows through the m <= 2 walks
+ * (matmul_block): packed weights of the byte formats in groups of several slivers
+ * (nm_pack_width > NR), up to NM_PAIRED_ROWS rows. */
+static int paired_rows(const matmul_job *job, int64_t rows) {
+    return job->packed && nm_pack_width(job->isa, job->fmt) > job->isa->nr &&
+           rows <= NM_PAIRED_ROWS;
+}
+
 /* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN): whole groups for the
- * m <= 2 walks on packed weights; the tiled path takes a sliver at a time anyway, and its
- * ranges in whole groups (128 columns on avx512) split SmolLM2's 576-column layers 256 |
- * 320 at 2 threads: its decoder at batch 8 ran 0.82x. */
+ * m <= 2 walks on packed weights and paired_rows' pairs; the tiled path takes a sliver at a
+ * time anyway, and its ranges in whole groups (128 columns on avx512) split SmolLM2's
+ * 576-column layers 256 | 320 at 2 threads: its decoder at batch 8 ran 0.82x. */
 static int64_t job_grain(const matmul_job *job) {
-    return job->packed && job->m <= 2 ? nm_pack_width(job->isa, job->fmt) : NM_COLUMN_GRAIN;
+    return job->packed && (job->m <= 2 || paired_rows(job, job->m))
+               ? nm_pack_width(job->isa, job->fmt)
+               : NM_COLUMN_GRAIN;
 }
 
 static void column_range(int64_t n, int64_t grain, int part, int parts, int64_t *begin,
@@ -443,12 +460,13 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         zero_block(i1 - i0, j1 - j0, job->c + i0 * job->ldc + j0, job->ldc);
     if (job->k == 0) return;
     const int64_t rows = i1 - i0;
-    if (job->m == 1 || rows == 2) {
+    if (job->m == 1 || rows == 2 || paired_rows(job, rows)) {
         /* one or two rows: nothing to amortise, so stream B once, straight, for them all; a
-         * tile would leave half its rows empty and read B as one stream of short runs */
+         * tile would leave half its rows empty and read B as one stream of short runs. A few
+         * more rows on packed groups (paired_rows): two at a time, each chunk of B read by
+         * every pair in turn, the pairs after the first finding it in L2. */
         const nm_isa_kernels *isa = job->isa;
         const int slot = job->slot;
-        const float *a = job->a + i0 * job->lda;
         /* Packed weights whose scales come in blocks shorter than k (GGUF's 32 rows): a call
          * per block over every column would read each group 32 rows at a time, hopping from
          * group to group; chunks of a few slivers (never past their group's end) taken
@@ -477,39 +495,45 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         for (int64_t jc = j0, w; jc < j1; jc += w) {
             const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
-            float *c = job->c + i0 * job->ldc + jc;
-            /* packed weights: one call through all of k, the kernel stepping through the
-             * blocks of scales with C in registers (nm_gemv_packed_fn); row-major ones: a
-             * call per block of scales */
-            const int whole_k = job->packed;
-            for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) {
-                p1 = whole_k ? job->k : k_range_end(job, p0, job->k);
-                int64_t ldb;
-                const uint8_t *b = weights_at(job, p0, jc, &ldb);
-                const int64_t bk = whole_k && job->scales ? job->scales->bk : p1 - p0;
-                const int64_t lds = whole_k && job->scales ? job->scales->ld : 0;
-                if (job->packed && job->scales && job->scales->s16) {
-                    const uint16_t *s = grid_at(job, 0, p0, jc), *o = grid_at(job, 1, p0, jc);
-                    if (rows == 1)
-                        isa->gemv_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0, b, c, s, o,
-                                                        bk, lds);
+            for (int64_t ir = i0, pair; ir < i1; ir += pair) {
+                pair = min64(2, i1 - ir);
+                const float *a = job->a + ir * job->lda;
+                float *c = job->c + ir * job->ldc + jc;
+                /* packed weights: one call through all of k, the kernel stepping through the
+                 * blocks of scales with C in registers (nm_gemv_packed_fn); row-major ones: a
+                 * call per block of scales */
+                const int whole_k = job->packed;
+                for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) {
+                    p1 = whole_k ? job->k : k_range_end(job, p0, job->k);
+                    int64_t ldb;
+                    const uint8_t *b = weights_at(job, p0, jc, &ldb);
+                    const int64_t bk = whole_k && job->scales ? job->scales->bk : p1 - p0;
+                    const int64_t lds = whole_k && job->scales ? job->scales->ld : 0;
+                    if (job->packed && job->scales && job->scales->s16) {
+                        const uint16_t *s = grid_at(job, 0, p0, jc);
+                        const uint16_t *o = grid_at(job, 1, p0, jc);
+                        if (pair == 1)
+                            isa->gemv_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0, b, c,
+                                                            s, o, bk, lds);
+                        else
+                            isa->gemv2_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0,
+                                                             job->lda, b, c, job->ldc, s, o,
+                                                             bk, lds);
+                        continue;
+                    }
+                    const float *s, *o;
+                    int64_t unused_lds;
+                    float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &unused_lds);
+                    if (pair == 1 && job->packed)
+                        isa->gemv_packed[slot](p1 - p0, ldb, slb, w, a + p0, b, c, s, o, bk, lds);
+                    else if (pair == 1)
+                        isa->gemv[slot](p1 - p0, w, a + p0, b, ldb, c, s, o);
+                    else if (job->packed)
+                        isa->gemv2_packed[slot](p1 - p0, ldb, slb, w, a + p0, job->lda, b, c,
+                                                job->ldc, s, o, bk, lds);
                     else
-                        isa->gemv2_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0, job->lda,
-                                                         b, c, job->ldc, s, o, bk, lds);
-                    continue;
+                        isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
                 }
-                const float *s, *o;
-                int64_t unused_lds;
-                float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &unused_lds);
-                if (rows == 1 && job->packed)
-                    isa->gemv_packed[slot](p1 - p0, ldb, slb, w, a + p0, b, c, s, o, bk, lds);
-                else if (rows == 1)
-                    isa->gemv[slot](p1 - p0, w, a + p0, b, ldb, c, s, o);
-                else if (job->packed)
-                    isa->gemv2_packed[slot](p1 - p0, ldb, slb, w, a + p0, job->lda, b, c,
-                                            job->ldc, s, o, bk, lds);
-                else
-                    isa->gemv2[slot](p1 - p0, w, a + p0, job->lda, b, ldb, c, job->ldc, s, o);
             }
         }
         free(scale_buf);

@@ -247,7 +247,7 @@ int nm_isa_select(const char *name, unsigned features);
  * ones, whose tiled path reads one sliver of a wider group's rows with L1 set conflicts:
  * bf16 at m = 16 ran 0.73x in groups of four (docs/kernels.md, "Groups of slivers"). */
 static inline int64_t nm_pack_width(const nm_isa_kernels *row, int fmt) {
-    return nm_format_table[fmt].itemsize == 1 ? row->pack_width : row->nr;
+    return NM_PACK_WIDTH_OF(nm_format_table[fmt].itemsize, row->nr, row->pack_width);
 }
 
 /* The packed layout's address arithmetic, the one place C computes it (Python's is

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../codecs/codec_scalar.h"
+#include "nm_kernels.h"
 
 static inline float nm_load1_f32(const uint8_t *p) {
     float f;
@@ -701,11 +702,16 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                              b, c, ldc, s, o, bk, lds);                                      \
     }
 
+/* The bytes between stored rows of packed weights of ITEM-byte elements on the including
+ * row (NRW-column slivers, PACK_WIDTH-column groups): nm_pack_width's rule, NM_PACK_WIDTH_OF.
+ * A kernel given ldb equal to it knows that it walks packed weights. */
+#define NM_PACKED_LDB(ITEM, NRW) (NM_PACK_WIDTH_OF((ITEM), (NRW), PACK_WIDTH) * (ITEM))
+
 /* Packing (nm_pack_fn) a kc x nc block into float32 slivers of width nr: stored row r gives
  * sliver rows 2r and 2r + 1; whole vectors, then single codes, then zeros up to nr. On packed
- * weights (ldb = PACK_WIDTH, the including row's) a prefetch 32 stored rows down, as in the
- * avx512 row's fused tile: the rows of a sliver are a group's row apart. */
-#define NM_DEFINE_NIBBLE_PACK(FMT, ISA, VEC, L, STOREF, NIBBLES, DEQ, DEQ1)                  \
+ * weights (ldb = NM_PACKED_LDB) a prefetch 32 stored rows down, as in the avx512 row's fused
+ * tile: the rows of a sliver are a group's row apart. */
+#define NM_DEFINE_NIBBLE_PACK(FMT, ISA, VEC, L, NRW, STOREF, NIBBLES, DEQ, DEQ1)             \
     static void pack_##FMT##_##ISA(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb,   \
                                    int nr, float *dst, const float *s, const float *o) {    \
         (void)o;                                                                             \
@@ -714,7 +720,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             float *sliver = dst + (j0 / nr) * kc * nr;                                       \
             for (int64_t r = 0; r < kc / 2; ++r) {                                           \
                 const uint8_t *src = b + r * ldb + j0;                                       \
-                if (ldb == PACK_WIDTH) __builtin_prefetch(src + 32 * ldb);                   \
+                if (ldb == NM_PACKED_LDB(1, NRW)) __builtin_prefetch(src + 32 * ldb);        \
                 float *lo = sliver + 2 * r * nr, *hi = lo + nr;                              \
                 int64_t j = 0;                                                               \
                 for (; j + (L) <= w; j += (L)) {                                             \
@@ -764,8 +770,9 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                                   STOREC, FMA, NIBBLES_Q4_0, DEQH_Q4_0)                      \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1_half, ISA, uint16_t, VEC, L, NRW, G, G2, SET1, LOADC,  \
                                   STOREC, FMA, NIBBLES_Q4_1, DEQH_Q4_1)                      \
-    NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, STOREC, NIBBLES_Q4_0, DEQ_Q4_0, NM_DEQ1_Q4_0)    \
-    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1)
+    NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_0, DEQ_Q4_0,              \
+                          NM_DEQ1_Q4_0)                                                      \
+    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1)
 
 /* The first tile of both 4-bit formats as packing then the row's microkernel (UKERNEL; its
  * NR is the row's), for a row without a fused one. */

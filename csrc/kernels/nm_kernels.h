@@ -165,6 +165,12 @@ typedef float (*nm_probe_read_fn)(const float *buf, int64_t n);
 /* y[i] = silu(x[i]) for i < n (y may be x) */
 typedef void (*nm_silu_fn)(int64_t n, const float *x, float *y);
 
+/* The packed layout's group width for weights of `itemsize` bytes on a row of NR-column
+ * slivers grouped `group` columns wide (nm_isa_kernels.pack_width): the formats of a byte or
+ * less a weight take the group, the others one sliver. The one statement of the rule: the
+ * frame asks nm_pack_width (narrowmm.h), a row's kernels NM_PACKED_LDB (kernel_common.h). */
+#define NM_PACK_WIDTH_OF(itemsize, nr, group) ((itemsize) == 1 ? (group) : (nr))
+
 typedef struct nm_isa_kernels {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */

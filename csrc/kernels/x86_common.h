@@ -52,11 +52,14 @@ static inline __m128i fp16_bits_of_e4m3fn_finite(__m128i q) {
  * weights, the same row B_AHEAD weights on (the slivers to come); packed weights (a group's
  * rows back to back, ldb = PACKED_LDB), 64 rows down the same stream. 64 rows made
  * packed fp16 at m = 16 1.12-1.18x the row-major speed on q_proj and ffn_down (1.05-1.09x
- * with the row-major distance, which lands 2-3 rows on); ffn_up stays at 0.95-1.00x. */
-#define SLIVER_AHEAD_BYTES(ldb, ITEM) ((ldb) == PACKED_LDB(ITEM) ? 64 * (ldb) : (ITEM) * B_AHEAD)
-/* The bytes between stored rows of packed weights of ITEM-byte elements (nm_pack_width):
- * groups of PACK_WIDTH columns for the byte formats, single slivers for the others. */
-#define PACKED_LDB(ITEM) ((ITEM) == 1 ? PACK_WIDTH : NR * (ITEM))
+ * with the row-major distance, which lands 2-3 rows on); ffn_up stays at 0.95-1.00x. The
+ * byte formats' groups, whose stored rows hold several slivers, go BYTE_GROUP_AHEAD_ROWS
+ * rows down (the including row's). */
+#define SLIVER_AHEAD_BYTES(ldb, ITEM)                                                        \
+    ((ldb) == PACKED_LDB(ITEM) ? ((ITEM) == 1 ? BYTE_GROUP_AHEAD_ROWS : 64) * (ldb)          \
+                               : (ITEM) * B_AHEAD)
+/* The bytes between stored rows of packed weights of ITEM-byte elements (kernel_common.h) */
+#define PACKED_LDB(ITEM) NM_PACKED_LDB(ITEM, NR)
 
 /* The next tile's C rows (MR rows of NR floats of the including row), asked for now: they
  * come from L3 or DRAM when m x n is large. A macro, not a function: GCC 12 takes a static
