@@ -48,6 +48,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * (2 builds in one process, cold weights): m = 4 1.12-1.29x, m = 8 1.07-1.13x, m = 16
  * 0.98-1.07x, but m = 32 0.95-1.05x and m = 16 with k = 14336 (896 KiB of A) 0.97-0.99x. */
 #define NM_SLIVER_OUTER_ROWS 16
+#define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
 /* Packed byte formats in groups of slivers (paired_rows) run up to this many rows a part as
  * pairs through the m <= 2 walks, not as tiles, which read a sliver's quarter of each stored
  * row of its group. On an AMD EPYC Zen 4 (avx512 row, cold, 896 x 4864, one thread, against
@@ -55,7 +56,6 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * 1.48x, 4 1.11x / 1.20x, 6 1.18x / 1.19x, 8 0.86x / 0.89x, Q4_1 m = 7 1.01x; at two threads
  * Q8_0 m = 6 1.4x, Q4_1 m = 4 1.5x (docs/kernels.md, "Pairs of rows"). */
 #define NM_PAIRED_ROWS 6
-#define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
 /* The m <= 2 packed path under short blocks of scales walks chunks of slivers, each chunk
  * (never past its group's end) through all of k in one call, a group's slivers (and its part
  * of the group-major grid, nm_scales.lsl) one stream. At m = 1 chunks of
