@@ -417,12 +417,16 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     return NM_OK;
 }
 
+/* Whether the job's packed weights come in groups of several slivers side by side
+ * (nm_pack_width > NR: the byte formats). */
+static int packed_in_groups(const matmul_job *job) {
+    return job->packed && nm_pack_width(job->isa, job->fmt) > job->isa->nr;
+}
+
 /* Whether a part of `rows` rows runs as pairs of rows through the m <= 2 walks
- * (matmul_block): packed weights of the byte formats in groups of several slivers
- * (nm_pack_width > NR), up to NM_PAIRED_ROWS rows. */
+ * (matmul_block): packed groups (packed_in_groups), up to NM_PAIRED_ROWS rows. */
 static int paired_rows(const matmul_job *job, int64_t rows) {
-    return job->packed && nm_pack_width(job->isa, job->fmt) > job->isa->nr &&
-           rows <= NM_PAIRED_ROWS;
+    return packed_in_groups(job) && rows <= NM_PAIRED_ROWS;
 }
 
 /* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN): whole groups for the
@@ -491,7 +495,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         const int64_t group = nm_pack_width(isa, job->fmt);
         const int64_t slb = nm_packed_offset(job->k / nm_format_table[job->fmt].kpack, group,
                                              nm_format_table[job->fmt].itemsize, 0, isa->nr);
-        const int cut = job->packed && group > isa->nr;
+        const int cut = packed_in_groups(job);
         for (int64_t jc = j0, w; jc < j1; jc += w) {
             const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);

@@ -49,7 +49,7 @@ static PyMethodDef methods[] = {
     {"cpu_features", py_cpu_features, METH_NOARGS, "Usable CPU features."},
     {"isa", py_isa, METH_NOARGS, "Name of the ISA row in use."},
     {"pack_width", py_pack_width, METH_VARARGS,
-     "pack_width(fmt): columns of a sliver of the row's packed layout for that format."},
+     "pack_width(fmt): columns of a group of the row's packed layout for that format."},
     {"isa_rows", py_isa_rows, METH_NOARGS, "Compiled rows: (name, supported, missing)."},
     {"set_isa", py_set_isa, METH_O, "Switch the ISA row (tests and benchmarks)."},
     {"kernel_names", py_kernel_names, METH_VARARGS, "C kernels serving (op, fmt)."},

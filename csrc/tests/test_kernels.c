@@ -168,7 +168,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     const float a[5 * K] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     float *c = xmalloc(5 * 4 * N);
     /* the scales padded to whole slivers, the packed weights to whole groups */
-    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = row->pack_width; /* bytes */
+    const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = nm_pack_width(row, NM_FMT_Q8_0);
     const int64_t ldw = (N + gw - 1) / gw * gw;
     bpk = xmalloc((size_t)(ldw * K));
     for (int i = 0; i < 256; ++i) q[i] = (uint8_t)i;
