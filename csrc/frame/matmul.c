@@ -372,8 +372,9 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
          * inside each k block: the group's rows are then one stream from its first k block
          * to its last, where a sliver at a time through all of k reads a part of each of
          * its rows, then comes back for the rest (bf16 in groups of four ran 0.52x so at
-         * m = 16 in the kernel bench, 0.73x in this order, and keeps a sliver a group; the
-         * byte formats' groups take this order unmeasured against the other) */
+         * m = 16 in the kernel bench, 0.73x in this order, and keeps a sliver a group; Q8_0
+         * in groups at m = 8 ran 0.91x so, and 0.86x with the k blocks outside: docs/results/
+         * pairs-of-rows-zen4-2026-12-05.txt, section 1) */
         const int64_t group = nm_pack_width(isa, job->fmt);
         for (int64_t jg = j_begin, g_end; jg < j_end; jg = g_end) {
             g_end = min64(j_end, (jg / group + 1) * group);
