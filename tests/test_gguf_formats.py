@@ -426,6 +426,23 @@ def test_torch_layer_keeps_its_binary16_grid_through_dtype_casts():
             assert_same_bits(layer(x).numpy(), want.numpy())
 
 
+def test_torch_layer_buffers_start_on_a_cache_line():
+    """narrowmm.torch.Linear holds packed codes and the kernels' grid as Weights made them
+    (pack_slivers, kernel_scales): from a 64-byte line, which the kernels' scale loads need
+    to stay inside one line each (tests/test_packed.py)."""
+    torch = require("torch")
+    import narrowmm.torch as nmt
+
+    for n in (40, 41, 97):
+        lin = torch.nn.Linear(64, n, bias=False)
+        for fmt in HALF:
+            for pack in (False, True):
+                layer = nmt.Linear.from_torch(lin, fmt, pack=pack)
+                assert layer.weight_scales.data_ptr() % 64 == 0, (fmt, n, pack)
+                if pack:
+                    assert layer.weight_bits.data_ptr() % 64 == 0, (fmt, n)
+
+
 @pytest.mark.parametrize("fmt", ["q5_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
                                  "iq4_xs"])
 def test_the_bench_times_the_gguf_block_types_as_a_file_loads_them(fmt):

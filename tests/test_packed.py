@@ -167,6 +167,29 @@ def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
                     assert_same_bits(nm.matmul(x, p), nm.matmul(x, w))
 
 
+def test_packed_bits_and_scale_grids_start_on_a_cache_line(rng):
+    """Packed slivers and the kernels' grids of scales start on a 64-byte line, whatever
+    NumPy's allocator returns (it promises the element size only): a grid off a line splits
+    the kernels' 64-byte loads of scales over two lines, which ran Q6_K-shaped weights at
+    0.7x cold. Every format, row-major and packed, binary16 grids (quantize's) and a float32
+    one every 16 rows (Q6_K's form), offsets below the scales."""
+    def cases(k, n):
+        for fmt in nm.FORMATS:
+            a = rng.standard_normal((k, n)).astype(np.float32)
+            yield nm.Weights.quantize(a, fmt) if fmt.startswith("q") else nm.Weights.encode(a, fmt)
+        codes = rng.integers(0, 256, (k, n), dtype=np.uint8)
+        scales = rng.random((k // 16, n), np.float32) + 0.5
+        yield nm.Weights.from_bits(codes, "q8_0", nm.Scales.blocks(scales, (16, 1)))
+
+    for k, n in ((64, 1), (64, 40), (96, 200), (128, 333)):
+        for w in cases(k, n):
+            p = w.pack()
+            assert p.bits.ctypes.data % 64 == 0, (w, n)
+            for grid in (w.kernel_scales(), p.kernel_scales(p.bits.shape[0] * p.width)):
+                if grid is not None:
+                    assert grid[0].flags.c_contiguous and grid[0].ctypes.data % 64 == 0, (w, n)
+
+
 def test_packed_for_another_row_is_refused(rng):
     w = random_weights(rng, 10, 40, "fp16")
     x = rng.standard_normal((1, 10)).astype(np.float32)

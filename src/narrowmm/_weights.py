@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._arrays import aligned_empty, line_aligned
 from ._codecs import check_codes, decode, encode
 from ._formats import FORMATS, Format, get_format
 from ._interop import Bf16Bits, as_array
@@ -147,7 +148,7 @@ class _KernelScales:
                 grid = half_grid(grid)
             if width:
                 grid = sliver_major(grid, 2 if offsets is not None else 1, width)
-            self._by_ld[ld] = grid, bk
+            self._by_ld[ld] = line_aligned(grid), bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
             special = np.uint8(fmt.special_bits)
             self._finite = not special or not bool(np.any((bits & special) == special))
@@ -554,10 +555,11 @@ def padded_columns(n: int, width: int) -> int:
 
 def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
     """(k, n) ``bits`` (any strides: a transposed view too) as ``(ceil(n / width), k,
-    width)`` slivers, zero-padded; one new array, filled a sliver at a time."""
+    width)`` slivers, zero-padded; one new array, starting on a cache line, filled a sliver
+    at a time."""
     k, n = bits.shape
     slivers = padded_columns(n, width) // width
-    out = np.empty((slivers, k, width), bits.dtype)
+    out = aligned_empty((slivers, k, width), bits.dtype)
     for s in range(slivers):
         cols = bits[:, s * width:(s + 1) * width]
         out[s, :, :cols.shape[1]] = cols

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import aligned_empty
 from .._threads import get_num_threads, set_num_threads
 from ..providers.native import core, use_isa
 from .results import Limits
@@ -130,9 +131,8 @@ def release_memory() -> None:
 
 
 def aligned_floats(n: int) -> np.ndarray:
-    raw = np.empty(n + 16, np.float32)
-    off = (-raw.ctypes.data % 64) // 4
-    return raw[off:off + n]
+    """n uninitialised float32 values starting on a cache line."""
+    return aligned_empty(n, np.float32)
 
 
 def measure_limits(threads: int, isa: str, quick: bool, budget: int) -> Limits:
