@@ -170,9 +170,9 @@ def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
 def test_packed_bits_and_scale_grids_start_on_a_cache_line(rng):
     """Packed slivers and the kernels' grids of scales start on a 64-byte line, whatever
     NumPy's allocator returns (it promises the element size only): a grid off a line splits
-    the kernels' 64-byte loads of scales over two lines, which ran Q6_K-shaped weights at
-    0.7x cold. Every format, row-major and packed, binary16 grids (quantize's) and a float32
-    one every 16 rows (Q6_K's form), offsets below the scales."""
+    the kernels' 64-byte loads of scales over two lines, which slowed Q6_K-shaped weights
+    cold (docs/kernels.md). Every format, row-major and packed, binary16 grids (quantize's)
+    and a float32 one every 16 rows (Q6_K's form), offsets below the scales."""
     def cases(k, n):
         for fmt in nm.FORMATS:
             a = rng.standard_normal((k, n)).astype(np.float32)

@@ -35,8 +35,9 @@ def flat_aligned(a: np.ndarray) -> np.ndarray:
 
 
 # The kernels' vector loads are as wide as a cache line (avx512: 64 bytes); a grid or a
-# packed matrix that starts off a line splits some of them over two lines. Cold, that made
-# Q6_K-shaped weights (float32 scales every 16 rows) 0.7x at batch 1 (docs/kernels.md).
+# packed matrix that starts off a line splits some of them over two lines, which cold cost
+# Q6_K-shaped weights (float32 scales every 16 rows) much of their batch-1 speed
+# (docs/kernels.md, "Pairs of rows").
 CACHE_LINE = 64
 
 

@@ -451,7 +451,8 @@ class Weights(_ScaledMatrix):
         stream for a few slivers instead of k short rows, which is faster at small batches
         (``docs/kernels.md`` has the measurements).
         Pack once, when the model loads; the copy takes about the same memory as these
-        weights (the last sliver padded with zero columns).
+        weights (the last sliver padded with zero columns), and starts on a 64-byte cache
+        line, as do the kernels' grids of scales.
 
         Raises:
             RuntimeError: the native core is not loaded (there is no row to pack for).
