@@ -20,6 +20,9 @@ enum nm_status { NM_OK = 0, NM_ENOMEM = -1, NM_EINVAL = -2 };
  *     s[(j / W) * lsl + (p / bk) * W + j % W]
  * so the m <= 2 walks read a group's scales as one stream beside its codes, not a row
  * every ld floats (measured: docs/kernels.md, "Grids that follow the slivers").
+ * Any float-aligned grid gives the same bits; one that starts on a 64-byte line keeps the
+ * walks' loads of scales inside one line each, which cold is much faster on float32 grids
+ * of short blocks (docs/kernels.md, "Pairs of rows"; the Python side allocates so).
  * finite != 0 promises that no weight is a NaN or Inf code (faster kernels; a broken
  * promise gives wrong values for those weights, nothing worse). The Python side makes this
  * form from per-tensor, per-column and 2-D block scales (narrowmm/_scales.py). */
@@ -73,7 +76,7 @@ int nm_matmul(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t 
  * holding columns [g*W, g*W + W) as k / kpack stored rows of W contiguous elements (stored
  * row r at byte (g*k/kpack + r) * W * itemsize from b: nm_packed_offset), the columns past n
  * zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
- * changes. */
+ * changes. Like the grids (nm_scales), b is best on a 64-byte line. */
 int nm_matmul_packed(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                      int accumulate, const float *bias, const nm_scales *scales);
