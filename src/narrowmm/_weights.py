@@ -103,11 +103,14 @@ def half_grid(grid: np.ndarray) -> np.ndarray:
 def sliver_major(grid: np.ndarray, grids: int, width: int) -> np.ndarray:
     """A kernels' grid ``(grids * blocks, slivers * width)`` (the scales, then the offsets
     below them) as packed weights give it to the kernels: ``(grids * slivers, blocks,
-    width)``, each sliver's blocks one after another, as its codes are (nm_scales.lsl)."""
+    width)``, each sliver's blocks one after another, as its codes are (nm_scales.lsl); a
+    new array, starting on a cache line."""
     rows, cols = grid.shape
     blocks, slivers = rows // grids, cols // width
-    four = grid.reshape(grids, blocks, slivers, width).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(four).reshape(grids * slivers, blocks, width)
+    out = aligned_empty((grids * slivers, blocks, width), grid.dtype)
+    out.reshape(grids, slivers, blocks, width)[...] = (
+        grid.reshape(grids, blocks, slivers, width).transpose(0, 2, 1, 3))
+    return out
 
 
 def row_major(grid: np.ndarray, grids: int) -> np.ndarray:
@@ -146,7 +149,7 @@ class _KernelScales:
                 grid = np.ascontiguousarray(np.concatenate([grid, ogrid]))
             if half and fmt.half_scales:
                 grid = half_grid(grid)
-            if width:
+            if width:  # sliver_major's copy starts on a line: line_aligned keeps it
                 grid = sliver_major(grid, 2 if offsets is not None else 1, width)
             self._by_ld[ld] = line_aligned(grid), bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share

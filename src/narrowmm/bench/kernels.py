@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._api import matmul
+from .._arrays import aligned_empty
 from .._check import same_bits
 from .._scales import Scales
 from .._threads import get_num_threads
@@ -34,7 +35,6 @@ from ..providers import use_provider
 from ..providers.native import core, use_isa
 from .machine import (
     ColdPlan,
-    aligned_floats,
     all_threads,
     blas_info,
     l3_bytes,
@@ -168,7 +168,7 @@ def _read_probe(nbytes: int, copies: int) -> tuple[Callable[[int], float] | None
     n = nbytes // 4 // 64 * 64  # whole 64-float chunks, as probe_read splits them
     if n == 0:
         return None, 0
-    bufs = [aligned_floats(n) for _ in range(copies)]
+    bufs = [aligned_empty(n, np.float32) for _ in range(copies)]
     for b in bufs:
         b.fill(1.0)  # touch every page before timing
     c = core()

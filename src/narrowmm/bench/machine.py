@@ -130,18 +130,13 @@ def release_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def aligned_floats(n: int) -> np.ndarray:
-    """n uninitialised float32 values starting on a cache line."""
-    return aligned_empty(n, np.float32)
-
-
 def measure_limits(threads: int, isa: str, quick: bool, budget: int) -> Limits:
     """Best-of-N read bandwidth over a buffer 4x the last-level cache (at most ``budget``
     bytes, the run's memory budget), and FMA peak."""
     c = core()
     n = max(min(4 * l3_bytes(), budget), 64 << 20) // 4  # the run's memory budget
     n -= n % (64 * threads)
-    buf = aligned_floats(n)
+    buf = aligned_empty(n, np.float32)
     buf.fill(1.0)  # touch every page before timing
     with use_isa(isa):
         read = max(buf.nbytes / c.probe_read(threads, buf) for _ in range(3 if quick else 7))
@@ -236,7 +231,7 @@ class ColdPlan:
         if self.evict_bytes == 0:
             return None
         if self._evict_buf is None:
-            self._evict_buf = aligned_floats(self.evict_bytes // 4)
+            self._evict_buf = aligned_empty(self.evict_bytes // 4, np.float32)
             self._evict_buf.fill(1.0)
         buf, c = self._evict_buf, core()
         return lambda: c.probe_read(1, buf)
