@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import narrowmm as nm
+from narrowmm import _scales
+from narrowmm.checkpoints import _gguf_blocks
 from narrowmm.checkpoints.gguf import GGML_TYPES
 
 gguf = require("gguf")
@@ -161,15 +163,23 @@ FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1":
                "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
 @pytest.mark.parametrize("type_name", list(FP16_FIELDS))
-def test_every_block_type_reads_as_the_gguf_package_dequantizes_it(tmp_path, type_name):
+def test_every_block_type_reads_as_the_gguf_package_dequantizes_it(tmp_path, monkeypatch,
+                                                                   type_name, sliced):
     """Random blocks (any codes, sub-block scales and mins; finite fp16 fields of every
     sign and a wide range) written by gguf-py: the weights narrowmm makes of them decode
-    to gguf.quants.dequantize's values bit for bit, and compute."""
+    to gguf.quants.dequantize's values bit for bit, and compute. Sliced: converted and
+    decoded a few rows at a time (as large tensors are), slices that do not divide the
+    rows."""
     rng = np.random.default_rng(sum(map(ord, type_name)))
     t = gguf.GGMLQuantizationType[type_name]
     block, size = gguf.constants.GGML_QUANT_SIZES[t]
     rows, per_row = 6, 2 * (256 // block)  # 512 input features
+    if sliced:
+        rows = 11
+        monkeypatch.setattr(_gguf_blocks, "_CONVERT_BYTES", 4 * per_row * size)
+        monkeypatch.setattr(_scales, "_APPLY_CHUNK", 3 * 512)
     raw = rng.integers(0, 256, (rows, per_row, size), dtype=np.uint64).astype(np.uint8)
     for at in FP16_FIELDS[type_name]:
         values = (rng.standard_normal((rows, per_row)) * 2.0 ** rng.integers(-14, 6, (

@@ -135,17 +135,52 @@ class Scales:
         return f"Scales({self.kind}, grid={self.values.shape}, block={self.block})"
 
 
+# Elements of one slice of rows that apply() scales at a time: its temporaries (a float32
+# grid of the slice, float64 products with offsets) stay a few tens of MB however large the
+# matrix (a Llama-3 embedding table is 525 million weights).
+_APPLY_CHUNK = 1 << 20
+
+
+def _slice_grid(scales: Scales, r0: int, r1: int, n: int) -> np.ndarray:
+    """The scale of every element of rows ``[r0, r1)`` of an ``n``-column matrix, as an
+    array that broadcasts against those rows (one column when a scale spans all columns)."""
+    bk, bn = scales.block
+    rows = np.zeros(r1 - r0, np.intp) if bk == 0 else np.arange(r0, r1) // bk
+    grid = scales.values[rows]
+    if bn == 0:
+        return grid[:, :1]
+    return grid if bn == 1 else np.repeat(grid, bn, axis=1)[:, :n]
+
+
+def _fma_slice(q: np.ndarray, s: np.ndarray, o: np.ndarray) -> np.ndarray:
+    """float32 ``fma(q, s, o)`` of one slice: ``q * s`` rounded, plus ``o``, where every
+    product is exact in float32 (GGUF's: a small integer times a binary16 number, or a K
+    type's exact ``d * sc``), so the one rounding is the sum's; else fma_f32."""
+    with np.errstate(all="ignore"):
+        prod = q.astype(np.float64) * s  # exact: 24 + 24 significant bits
+        prod32 = prod.astype(np.float32)
+        if np.array_equal(prod32, prod):  # no product rounded (nor overflowed)
+            return prod32 + o
+    return fma_f32(q, s, o)
+
+
 def apply(decoded: np.ndarray, scales: Scales, offsets: Scales | None = None) -> np.ndarray:
     """``fl32(decoded * scale)`` element by element for a ``(k, n)`` float32 matrix, or
     ``fma(decoded, scale, offset)`` with offsets: the weights a scaled format stands for
-    (one float32 rounding each)."""
+    (one float32 rounding each). Computed in place, ``decoded`` (a fresh array of the
+    caller's) is returned, a slice of rows at a time: the memory it takes beyond the matrix
+    stays bounded."""
     k, n = decoded.shape
     if decoded.size == 0:  # nothing to scale; k may still be huge (2^62 x 0 in a file)
         return decoded
-    grid, bk = scales.expanded((k, n), n)
-    rows = np.arange(k) // bk
-    if offsets is not None:
-        ogrid, obk = offsets.expanded((k, n), n)
-        return fma_f32(decoded, grid[rows, :n], ogrid[np.arange(k) // obk, :n])
-    with np.errstate(all="ignore"):
-        return decoded * grid[rows, :n]
+    step = max(1, _APPLY_CHUNK // n)
+    for r0 in range(0, k, step):
+        r1 = min(k, r0 + step)
+        part = decoded[r0:r1]
+        grid = _slice_grid(scales, r0, r1, n)
+        if offsets is None:
+            with np.errstate(all="ignore"):
+                np.multiply(part, grid, out=part)
+        else:
+            part[...] = _fma_slice(part, grid, _slice_grid(offsets, r0, r1, n))
+    return decoded

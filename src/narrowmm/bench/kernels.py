@@ -29,7 +29,7 @@ from .._check import same_bits
 from .._scales import Scales
 from .._threads import get_num_threads
 from .._weights import PackedWeights, Weights
-from ..checkpoints._gguf_blocks import CONVERTERS, FP16_FIELDS, as_torch_weights
+from ..checkpoints._gguf_blocks import FP16_FIELDS, as_torch_weights, convert
 from ..checkpoints.gguf import GGML_TYPES, GGMLType
 from ..providers import use_provider
 from ..providers.native import core, use_isa
@@ -120,7 +120,7 @@ def gguf_converted_weights(k: int, n: int, fmt: str, rng: np.random.Generator) -
     numbers: no subnormal scale), converted exactly (checkpoints/_gguf_blocks.py). The
     kernels' time does not depend on the values."""
     t = _ggml_type(fmt)
-    return as_torch_weights(CONVERTERS[t.name](random_blocks(k, n, fmt, rng))).transpose()
+    return as_torch_weights(convert(t.name, random_blocks(k, n, fmt, rng))).transpose()
 
 
 def random_blocks(k: int, n: int, fmt: str, rng: np.random.Generator) -> np.ndarray:

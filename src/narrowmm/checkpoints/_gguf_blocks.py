@@ -51,6 +51,14 @@ def nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 15, qs >> 4], axis=-1)
 
 
+def nibble_pairs(qs: np.ndarray) -> np.ndarray:
+    """Bytes (..., L) of GGUF's Q4 layout (codes i low, i + L high) straight as narrowmm's
+    4-bit bytes (codes 2j and 2j + 1 in byte j, low nibble first): ``pairs(nibbles(qs))``
+    without the codes one a byte in between."""
+    even, odd = qs[..., 0::2], qs[..., 1::2]
+    return np.concatenate([(even & 15) | (odd << 4), (even >> 4) | (odd & 0xF0)], axis=-1)
+
+
 def pairs(codes: np.ndarray) -> np.ndarray:
     """4-bit codes (rows, in) as narrowmm's bytes (rows, in / 2): codes 2j and 2j + 1 of a
     row in byte j, the low nibble first."""
@@ -70,14 +78,14 @@ def q8_0(blocks: np.ndarray) -> Converted:
 
 def q4_0(blocks: np.ndarray) -> Converted:
     rows, nb, _ = blocks.shape
-    codes = nibbles(blocks[:, :, 2:]).reshape(rows, nb * 32)
-    return "q4_0", pairs(codes), fp16_field(blocks, 0), None, 32
+    return "q4_0", nibble_pairs(blocks[:, :, 2:]).reshape(rows, nb * 16), \
+        fp16_field(blocks, 0), None, 32
 
 
 def q4_1(blocks: np.ndarray) -> Converted:
     rows, nb, _ = blocks.shape
-    codes = nibbles(blocks[:, :, 4:]).reshape(rows, nb * 32)
-    return "q4_1", pairs(codes), fp16_field(blocks, 0), fp16_field(blocks, 2), 32
+    return "q4_1", nibble_pairs(blocks[:, :, 4:]).reshape(rows, nb * 16), \
+        fp16_field(blocks, 0), fp16_field(blocks, 2), 32
 
 
 def fifth_bits(qh: np.ndarray) -> np.ndarray:
@@ -167,9 +175,8 @@ def q4_k(blocks: np.ndarray) -> Converted:
     sc, mins = _k_scales_mins(blocks[:, :, 4:16])
     d = fp16_field(blocks, 0)[..., None] * sc  # exact: fp16 x 6-bit integer
     dm = fp16_field(blocks, 2)[..., None] * mins
-    qs = blocks[:, :, 16:].reshape(rows, nb, 4, 32)
-    codes = nibbles(qs).reshape(rows, nb * 256)
-    return "q4_1", pairs(codes), d.reshape(rows, nb * 8), (-dm).reshape(rows, nb * 8), 32
+    codes = nibble_pairs(blocks[:, :, 16:].reshape(rows, nb, 4, 32)).reshape(rows, nb * 128)
+    return "q4_1", codes, d.reshape(rows, nb * 8), (-dm).reshape(rows, nb * 8), 32
 
 
 def q5_k(blocks: np.ndarray) -> Converted:
@@ -191,15 +198,15 @@ def q6_k(blocks: np.ndarray) -> Converted:
     (high), l < 64; qh byte l holds the top 2 bits of codes l, l + 32, l + 64 and l + 96
     (bits 0-1, 2-3, 4-5, 6-7), l < 32."""
     rows, nb, _ = blocks.shape
-    ql = blocks[:, :, :128].reshape(rows, nb, 2, 64)
-    qh = blocks[:, :, 128:192].reshape(rows, nb, 2, 32)
-    low = nibbles(ql)  # (rows, nb, 2, 128)
-    high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
-    codes = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
+    ql = blocks[:, :, :128].reshape(rows, nb, 2, 1, 64)
+    qh = blocks[:, :, 128:192].reshape(rows, nb, 2, 1, 32)
+    low = (ql >> np.array([0, 4], np.uint8)[:, None]) & 15  # codes l, then l + 64
+    high = (qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # codes 32s + l
+    codes = low.reshape(rows, nb * 256) | (high.reshape(rows, nb * 256) << 4)
+    codes -= 32  # 0..63 -> the bytes of int8 q - 32 (uint8 arithmetic wraps)
     sc = np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8).astype(np.float32)
     d = fp16_field(blocks, 208)[..., None] * sc  # exact: fp16 x int8
-    return "q8_0", int8_codes(codes.reshape(rows, nb * 256)), d.reshape(rows, nb * 16), \
-        None, 16
+    return "q8_0", codes, d.reshape(rows, nb * 16), None, 16
 
 
 # IQ4_NL's and IQ4_XS's 16 code values (ggml-common.h, kvalues_iq4nl)
@@ -240,6 +247,31 @@ CONVERTERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5
 FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
                "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
                "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
+# Bytes of a tensor's blocks that convert() hands a converter at a time: the converters'
+# temporaries, several times their input, then stay a few tens of MB for a tensor of any
+# size (a Llama-3 embedding table's Q6_K blocks are 430 MB).
+_CONVERT_BYTES = 1 << 22
+
+
+def convert(type_name: str, blocks: np.ndarray) -> Converted:
+    """``CONVERTERS[type_name](blocks)``, a slice of rows at a time into arrays made once
+    (every converter works row by row)."""
+    converter = CONVERTERS[type_name]
+    rows = blocks.shape[0]
+    step = max(1, _CONVERT_BYTES // max(1, blocks.shape[1] * blocks.shape[2]))
+    if step >= rows:
+        return converter(blocks)
+    fmt, *grids, block_rows = converter(blocks[:step])
+    whole = [None if g is None else np.empty((rows, *g.shape[1:]), g.dtype) for g in grids]
+    for r0 in range(0, rows, step):
+        part = grids if r0 == 0 else converter(blocks[r0:r0 + step])[1:4]
+        for out, g in zip(whole, part, strict=True):
+            if out is not None:
+                out[r0:r0 + step] = g
+    codes, scales, offsets = whole
+    return fmt, codes, scales, offsets, block_rows
 
 
 def as_torch_weights(converted: Converted) -> TorchWeights:

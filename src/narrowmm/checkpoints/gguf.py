@@ -33,7 +33,7 @@ from .._formats import get_format
 from .._scales import Scales
 from .._weights import TorchWeights
 from ._files import missing_tensor, open_regular_file
-from ._gguf_blocks import CONVERTERS, as_torch_weights
+from ._gguf_blocks import as_torch_weights, convert
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -385,7 +385,7 @@ class GGUFFile(Mapping[str, TorchWeights]):
             return TorchWeights(np.zeros((out, n_blocks * t.block_size // fmt.kpack), np.uint8),
                                 fmt, Scales.tensor(1.0), Scales.tensor(0.0) if fmt.offsets
                                 else None)
-        converted = CONVERTERS[t.name](raw.reshape(out, n_blocks, t.type_size))
+        converted = convert(t.name, raw.reshape(out, n_blocks, t.type_size))
         for grid, what in ((converted[2], "scale"), (converted[3], "offset")):
             if grid is not None and not np.isfinite(grid).all():
                 r, b = (int(i) for i in np.argwhere(~np.isfinite(grid))[0])

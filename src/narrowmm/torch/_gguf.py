@@ -71,14 +71,19 @@ def _float_tensor(f: GGUFFile, name: str, processor: Any, shape: tuple[int, ...]
         raise GGUFError(f"{f.path}: tensor {name!r} has ggml type {info.type.name}; narrowmm "
                         f"decodes {LOADABLE_TYPES}")
     if len(info.ne) == 2:
-        values = f[name].decode()
+        values = f[name].decode()  # a new array: the processor may have it
     else:
-        values = np.asarray(f.array(name), dtype=np.float32)
-    result = processor.process(weights=np.array(values, dtype=np.float32), name=name)
+        values = np.array(f.array(name), dtype=np.float32)  # a copy, off the map
+    result = processor.process(weights=values, name=name)
     if result.name != name:
         raise NotImplementedError(f"{f.path}: transformers moves tensor {name!r} elsewhere "
                                   "(an expert of a mixture?); from_gguf does not")
-    values = np.array(result.weights, dtype=np.float32)  # its own, writable
+    # its own and writable without a third copy of an embedding table (a Llama-3 one is
+    # 2 GB in float32): the processor's result as it is when it is such an array
+    values = np.asarray(result.weights)
+    if (values.dtype != np.float32 or not values.flags.writeable or not values.flags.owndata
+            or not values.flags.c_contiguous):
+        values = np.array(values, dtype=np.float32)
     if values.shape != shape:
         raise ValueError(f"{f.path}: tensor {name!r} has shape {values.shape}, the model's "
                          f"parameter {shape}")
