@@ -43,7 +43,40 @@ def test_every_linear_layer_holds_the_files_blocks(smollm2):
     assert layers["lm_head"].format.name == "q8_0"  # tied: the embedding's own blocks
     assert all(m.packed for m in layers.values())  # from_gguf's default
     assert not any(p.is_meta for p in model.parameters())
-    assert model.model.embed_tokens.weight.dtype == torch.float32
+    embedding = model.model.embed_tokens  # the file's Q8_0 blocks too, rows decoded on lookup
+    assert isinstance(embedding, nmt.Embedding) and embedding.format.name == "q8_0"
+    assert embedding.weight.dtype == torch.float32  # the table, decoded when asked for
+
+
+def test_the_model_takes_little_more_memory_than_the_file(smollm2):
+    """Parameters and buffers (the layers' packed blocks, the narrow embedding, the norms):
+    1.35x the file's 98 MB, its Q8_0 table held twice (embedding rows, packed output layer);
+    2.2x with a float32 embedding table."""
+    path, _, model = smollm2
+    held = sum(t.numel() * t.element_size()
+               for t in [*model.parameters(), *model.buffers()])
+    assert held < 1.45 * os.path.getsize(path), held / os.path.getsize(path)
+
+
+def test_the_narrow_embedding_gives_the_float32_tables_bits(smollm2):
+    """The same model with the table decoded whole into an nn.Embedding: the same logits,
+    bit for bit, in the model and in the Decoder."""
+    path, _, _ = smollm2
+    import narrowmm as nm
+
+    narrow = nmt.from_gguf(path, batch_invariant=True)
+    plain = nmt.from_gguf(path, batch_invariant=True)
+    table = torch.from_numpy(nm.load_gguf(path)["token_embd.weight"].decode())
+    plain.model.embed_tokens = torch.nn.Embedding.from_pretrained(table)
+    ids = torch.tensor([[1, 504, 3154, 282, 4052, 314, 49151, 0]])
+    with torch.inference_mode():
+        want = plain(ids).logits
+        assert torch.equal(narrow(ids).logits, want)
+    for model in (narrow, plain):
+        decoder = nmt.Decoder(model)
+        decoder.reset(1, ids.shape[1])
+        got = decoder.step(ids, torch.arange(ids.shape[1])[None], [0])
+        assert_same_bits(got[0].numpy(), want[0, -1].numpy())
 
 
 def test_greedy_text_and_logits_equal_pytorch_float32_on_the_dequantized_file(smollm2):

@@ -138,9 +138,23 @@ int nm_linear_run_many(const nm_isa_kernels *row, int count, const nm_linear *co
                        int64_t m, const float *a, int64_t lda, float *const c[],
                        const int64_t ldc[]);
 
+/* A token embedding table kept in a narrow format, vocab rows of hidden values: row t's
+ * value p is decode(code p of row t) (the format's codec, as nm decode gives it), times
+ * s[t * ls + p / bk], rounded once, or fma with o[t * ls + p / bk] for a format with offsets;
+ * s (and o) NULL for a format without scales. Row t's codes start at bits + t * ldb. The
+ * same values as the whole table decoded (Weights.decode), bit for bit. */
+typedef struct nm_embedding {
+    int fmt;
+    const uint8_t *bits;
+    int64_t ldb;
+    const float *s, *o;
+    int64_t ls, bk;
+} nm_embedding;
+
 /* A Llama-family decoder (model/llama.c): every layer's two RMSNorm weights and seven
- * linear layers, the float32 token embedding (vocab x hidden), the final norm, the output
- * layer, and the rotary table (positions x head_dim cos and sin). */
+ * linear layers, the token embedding (vocab x hidden: float32 in embed, or narrow in
+ * narrow_embed when embed is NULL), the final norm, the output layer, and the rotary table
+ * (positions x head_dim cos and sin). */
 typedef struct nm_llama_layer {
     const float *attn_norm, *mlp_norm;
     /* Qwen3: each head's query and key RMS-normalised (weights of head_dim floats, the
@@ -153,6 +167,7 @@ typedef struct nm_llama {
     int64_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, positions;
     float eps, scale; /* the norms' epsilon; attention's factor on the scores */
     const float *embed, *final_norm, *cos, *sin;
+    nm_embedding narrow_embed;
     const nm_llama_layer *layer;
     nm_linear lm_head;
 } nm_llama;

@@ -13,6 +13,7 @@
  * before the step; token i of sequence b goes to slot length + i and sees the slots from
  * start[b] (its first real token: left padding hides the slots before it) to its own. */
 #define _POSIX_C_SOURCE 199309L
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,6 +39,25 @@ static void clock_mark(part_clock *pc, int part) {
     pc->spent[part] += (double)(now.tv_sec - pc->last.tv_sec) +
                        1e-9 * (double)(now.tv_nsec - pc->last.tv_nsec);
     pc->last = now;
+}
+
+/* Row t of a narrow embedding table into x (hidden floats): the row's codes through the
+ * format's codec (the row's decode slot, what nm decode and Weights.decode use), then each
+ * value times its scale, one rounding, or fma with its offset (nm_embedding). */
+static void embed_row(const nm_isa_kernels *row, const nm_embedding *e, int64_t t,
+                      int64_t hidden, float *x) {
+    const uint8_t *b = e->bits + t * e->ldb;
+    const nm_format_info *info = &nm_format_table[e->fmt];
+    if (info->itemsize == 4)
+        memcpy(x, b, (size_t)hidden * sizeof(float));
+    else if (info->itemsize == 2)
+        row->decode[e->fmt]((const uint16_t *)b, x, hidden);
+    else
+        row->decode8[e->fmt](b, x, hidden / info->kpack);
+    if (!e->s) return;
+    const float *s = e->s + t * e->ls, *o = e->o ? e->o + t * e->ls : NULL;
+    for (int64_t p = 0; p < hidden; ++p)
+        x[p] = o ? fmaf(x[p], s[p / e->bk], o[p / e->bk]) : x[p] * s[p / e->bk];
 }
 
 /* The step's working memory, one allocation. */
@@ -217,8 +237,13 @@ int nm_llama_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache 
     void *base = alloc_buffers(md, batch, t, masked ? keys : 0, &sb);
     if (!base) return NM_ENOMEM;
     if (masked) build_mask(batch, t, cache->length, keys, start, sb.mask);
-    for (int64_t r = 0; r < rows; ++r)
-        memcpy(sb.x + r * hidden, md->embed + tokens[r] * hidden, (size_t)hidden * sizeof(float));
+    for (int64_t r = 0; r < rows; ++r) {
+        if (md->embed)
+            memcpy(sb.x + r * hidden, md->embed + tokens[r] * hidden,
+                   (size_t)hidden * sizeof(float));
+        else
+            embed_row(row, &md->narrow_embed, tokens[r], hidden, sb.x + r * hidden);
+    }
     clock_mark(&pc, NM_LLAMA_PART_OTHER);
     int st = NM_OK;
     for (int64_t li = 0; li < md->layers && st == NM_OK; ++li)

@@ -120,8 +120,65 @@ static int take_linear(plan *p, PyObject *spec, const char *what, int64_t want_k
     return 0;
 }
 
+/* The token embedding: a float32 table (vocab x hidden values), or a narrow one from
+ * (fmt, bits, scales or None, offsets or None, block): bits (vocab, hidden / kpack) items of
+ * the format, rows contiguous; scales, and offsets for a format with them, vocab x
+ * ceil(hidden / block) float32, C-contiguous (nm_embedding). */
+static int take_embedding(plan *p, PyObject *obj, int64_t vocab, int64_t hidden,
+                          nm_llama *md) {
+    const char *what = "the token embedding";
+    if (!PyTuple_Check(obj)) return (md->embed = take_vector(p, obj, what, vocab * hidden)) ? 0 : -1;
+    int fmt;
+    long long bk;
+    PyObject *bits, *scales, *offsets;
+    if (!PyArg_ParseTuple(obj, "iOOOL", &fmt, &bits, &scales, &offsets, &bk)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected a float32 table or (fmt, bits, scales, "
+                     "offsets, block)", what);
+        return -1;
+    }
+    if (parse_format(fmt) < 0) return -1;
+    const nm_format_info *info = &nm_format_table[fmt];
+    matrix b = {0};
+    if (get_matrix(bits, what, 0, 0, info->itemsize, weights_accept(fmt), &b) < 0) {
+        release(&b);
+        return -1;
+    }
+    p->views[p->nviews++] = b.view; /* the plan releases it */
+    if (b.rows != vocab || b.cols * info->kpack != hidden ||
+        (uintptr_t)b.view.buf % info->itemsize || b.ld % info->itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: '%s' codes of shape (%lld, %lld) do not hold %lld "
+                     "aligned rows of %lld values", what, info->name, (long long)b.rows,
+                     (long long)b.cols, (long long)vocab, (long long)hidden);
+        return -1;
+    }
+    if ((scales != Py_None) != (info->scaled != 0) ||
+        (offsets != Py_None) != (info->offset != 0) || (info->scaled && bk < 1)) {
+        PyErr_Format(PyExc_ValueError, "%s: format '%s' takes %s and %s (a block >= 1 with "
+                     "scales), got scales %s, offsets %s, block %lld", what, info->name,
+                     info->scaled ? "scales" : "no scales",
+                     info->offset ? "offsets" : "no offsets",
+                     scales == Py_None ? "None" : "given", offsets == Py_None ? "None" : "given",
+                     bk);
+        return -1;
+    }
+    nm_embedding *e = &md->narrow_embed;
+    *e = (nm_embedding){.fmt = fmt, .bits = (const uint8_t *)b.view.buf, .ldb = b.ld};
+    if (info->scaled) {
+        e->bk = bk;
+        e->ls = (hidden + bk - 1) / bk;
+        if (!(e->s = take_vector(p, scales, "the token embedding's scales", vocab * e->ls)) ||
+            (info->offset &&
+             !(e->o = take_vector(p, offsets, "the token embedding's offsets", vocab * e->ls))))
+            return -1;
+    }
+    md->embed = NULL;
+    return 0;
+}
+
 /* llama_plan((layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale),
- *            embed, final_norm, lm_head, [(attn_norm, q, k, v, o, mlp_norm, gate, up, down
+ *            embed (take_embedding), final_norm, lm_head, [(attn_norm, q, k, v, o, mlp_norm,
+ *            gate, up, down
  *            [, q_norm, k_norm])]): q_norm and k_norm (Qwen3's per-head norms) both head_dim
  *            floats or both None */
 PyObject *py_llama_plan(PyObject *self, PyObject *args) {
@@ -144,7 +201,9 @@ PyObject *py_llama_plan(PyObject *self, PyObject *args) {
     plan *p = calloc(1, sizeof *p);
     if (!p) return PyErr_NoMemory();
     p->row = current_row;
-    p->max_views = 2 + 3 + layers * (4 + 7 * 3); /* 4 norms; each linear: bits, scales, bias */
+    /* the embedding's up to 3 buffers, the final norm, the output layer's 3; a layer's
+     * 4 norms and each linear's bits, scales, bias */
+    p->max_views = 3 + 1 + 3 + layers * (4 + 7 * 3);
     p->views = calloc((size_t)p->max_views, sizeof(Py_buffer));
     p->layers = calloc((size_t)(layers > 0 ? layers : 1), sizeof(nm_llama_layer));
     PyObject *capsule = NULL;
@@ -166,7 +225,7 @@ PyObject *py_llama_plan(PyObject *self, PyObject *args) {
                      .head_dim = d, .intermediate = inter, .vocab = vocab, .positions = 0,
                      .eps = (float)eps, .scale = (float)scale, .layer = p->layers};
     const int64_t hd = heads * d, kvd = kv_heads * d;
-    if (!(md->embed = take_vector(p, embed, "the token embedding", vocab * hidden)) ||
+    if (take_embedding(p, embed, vocab, hidden, md) < 0 ||
         !(md->final_norm = take_vector(p, final_norm, "the final norm", hidden)) ||
         take_linear(p, lm_head, "the output layer", hidden, vocab, &md->lm_head) < 0)
         goto fail;

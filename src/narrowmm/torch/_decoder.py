@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..providers.native import checked_core
+from ._embedding import Embedding
 from ._invariant import SUPPORTED_MODEL_TYPES, RotaryTable, is_batch_invariant
 from ._layer import Linear
 
@@ -119,8 +120,13 @@ class Decoder:
                 _linear_spec(m.gate_proj, p + "mlp.gate_proj"),
                 _linear_spec(m.up_proj, p + "mlp.up_proj"),
                 _linear_spec(m.down_proj, p + "mlp.down_proj"), *qk))
-        embed = _float32_vector(base.embed_tokens.weight, "model.embed_tokens")
-        self.vocab_size, self.hidden_size = embed.shape
+        if isinstance(base.embed_tokens, Embedding):  # kept narrow: rows decoded in C
+            embed = base.embed_tokens.spec()
+            self.vocab_size = base.embed_tokens.num_embeddings
+            self.hidden_size = base.embed_tokens.embedding_dim
+        else:
+            embed = _float32_vector(base.embed_tokens.weight, "model.embed_tokens")
+            self.vocab_size, self.hidden_size = embed.shape
         shape = (len(layers), self.hidden_size, heads, kv_heads, head_dim,
                  config.intermediate_size, self.vocab_size, eps.pop(), scaling.pop())
         self._plan = self._core.llama_plan(

@@ -12,6 +12,7 @@ import torch
 from .._scales import Scales
 from .._weights import TorchWeights
 from ..checkpoints.gguf import LOADABLE_TYPES, GGUFError, GGUFFile, load_gguf
+from ._embedding import Embedding
 from ._invariant import make_batch_invariant
 from ._layer import Linear
 from ._team import set_num_threads
@@ -119,15 +120,25 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
 
     The configuration comes from the file's metadata, as ``transformers`` reads it
     (``AutoConfig.from_pretrained(folder, gguf_file=name)``); so does the tokenizer, which
-    ``transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)`` builds. Norms,
-    the layers' biases (Qwen2's on q, k and v) and the token embedding table are float32
-    (their exact values), each changed as ``transformers``' processor for the architecture
-    changes it (Gemma's norms: ``w - 1``). A tied output layer shares the embedding's
-    narrow blocks. The query and key projections get the row order ``transformers`` gives
-    them (llama.cpp permutes their rows for its rotary code): a permutation of output
-    features, so every weight keeps its bits. ``batch_invariant=True`` and
-    :class:`Decoder` take Llama, Qwen2 and Qwen3 files; the other architectures
-    ``transformers`` reads build without them.
+    ``transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)`` builds. The
+    token embedding keeps the file's blocks too (an :class:`Embedding`: each row looked up is
+    decoded exactly, the table is never made) when it is a plain ``nn.Embedding`` whose
+    tensor is narrow and which ``transformers`` takes as it is; norms, the layers' biases
+    (Qwen2's on q, k and v) and any other embedding are float32 (their exact values), each
+    changed as ``transformers``' processor for the architecture changes it (Gemma's norms:
+    ``w - 1``). A tied output layer is built on the embedding's blocks. The query and key
+    projections get the row order ``transformers`` gives them (llama.cpp permutes their rows
+    for its rotary code): a permutation of output features, so every weight keeps its bits.
+    ``batch_invariant=True`` and :class:`Decoder` take Llama, Qwen2 and Qwen3 files; the
+    other architectures ``transformers`` reads build without them.
+
+    Memory: the model keeps each linear layer's blocks in the kernels' form (the file's
+    bytes for Q8_0, Q4_0 and Q4_1; more for the types converted, see
+    :func:`narrowmm.load_gguf`), the embedding's as well (a tied table twice: its rows, and
+    the packed output layer). While it loads, the file
+    is mapped (its pages count in the resident set until the map closes on return) and each
+    tensor is converted a few MB of blocks at a time, so the peak stays near the model's
+    size plus the file's (README, "GGUF files and Q8_0 weights").
 
     Args:
         path: the ``.gguf`` file.
@@ -171,13 +182,14 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         module = modules.get(module_name)
         if isinstance(module, torch.nn.Linear) and param in ("weight", "bias"):
             linears.setdefault(module_name, {})[param] = gguf_name
+        elif param == "weight" and _narrow_embedding(f, gguf_name, module, processor):
+            _replace(model, module_name, Embedding.from_weights(f[gguf_name]))
         else:
             value = _float_tensor(f, gguf_name, processor, tuple(getattr(module, param).shape))
             setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
     for module_name, names in linears.items():
-        layer = _linear(f, names, modules[module_name], processor, path, arch, pack)
-        parent_name, _, child = module_name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child, layer)
+        _replace(model, module_name,
+                 _linear(f, names, modules[module_name], processor, path, arch, pack))
     lm_head = getattr(model, "lm_head", None)
     if isinstance(lm_head, torch.nn.Linear):  # tied to the embedding: its narrow blocks
         embedding = next((g for g, h in hf_names.items()
@@ -197,6 +209,27 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     if threads is not False:
         set_num_threads(None if threads is True else threads)
     return model
+
+
+def _replace(model: torch.nn.Module, module_name: str, module: torch.nn.Module) -> None:
+    parent_name, _, child = module_name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def _narrow_embedding(f: GGUFFile, name: str, module: Any, processor: Any) -> bool:
+    """Whether the model's ``module`` (whose weight is GGUF tensor ``name``) becomes an
+    :class:`Embedding` on the file's blocks: a plain ``nn.Embedding`` (not a subclass with a
+    forward of its own, as Gemma 3's scaled one), of the tensor's shape, without max_norm,
+    whose tensor is narrow (a block type, F16 or BF16) and which ``transformers``' processor
+    would take as it is."""
+    info = f.info[name]
+    if (type(module) is not torch.nn.Embedding or module.max_norm is not None
+            or info.type.format in (None, "f32") or len(info.ne) != 2
+            or tuple(info.shape) != (module.num_embeddings, module.embedding_dim)):
+        return False
+    probe = np.zeros((2, 2), np.float32)
+    result = processor.process(weights=probe, name=name)
+    return result.name == name and result.weights is probe
 
 
 def _linear(f: GGUFFile, names: dict[str, str], module: torch.nn.Linear, processor: Any,
