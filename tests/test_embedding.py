@@ -112,7 +112,7 @@ def test_bad_ids_and_inputs_are_refused_by_value():
         emb(torch.tensor([-1]))
     with pytest.raises(TypeError, match=r"integer ids, got torch\.float32"):
         emb(torch.tensor([1.0]))
-    with pytest.raises(TypeError, match="TorchWeights, got ndarray"):
+    with pytest.raises(TypeError, match="TorchWeights or a narrowmm Linear, got ndarray"):
         nmt.Embedding(np.zeros((2, 2), np.float32))
     assert emb(torch.zeros((0, 3), dtype=torch.int64)).shape == (0, 3, 32)
 
@@ -143,5 +143,63 @@ def test_torch_compile_sees_the_operator_and_gives_the_eager_bits():
     whose fake implementation gives the shape: the same rows as eager."""
     emb = nmt.Embedding.from_weights(table("q4_1", 50, 64))
     ids = torch.tensor([[0, 3, 4, 49], [7, 7, 1, 2]])
+    torch._dynamo.reset()
     compiled = torch.compile(emb, fullgraph=True)
     assert_same_bits(compiled(ids).numpy(), emb(ids).numpy())
+
+
+TIED_FORMATS = ["q8_0", "q4_0", "q4_1", "q5_1", "bf16", "fp16", "f32"]
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "row-major"])
+@pytest.mark.parametrize("fmt", TIED_FORMATS)
+def test_a_table_tied_to_a_layer_reads_the_layers_weights(fmt, pack):
+    """Tied to an output layer (packed or row-major, binary16 grids for the GGUF formats):
+    row t is the layer's output feature t, the bits of the table decoded, with nothing of
+    its own held."""
+    w = table(fmt, 200, 96, seed=3)
+    layer = nmt.Linear.from_weights(w, pack=pack)
+    emb = nmt.Embedding.tied_to(layer)
+    assert emb.tied is layer and emb.weight_bits is None and emb.weight_scales is None
+    ids = torch.tensor([[0, 3, 4, 199], [4, 31, 32, 33]])
+    full = w.decode()
+    assert_same_bits(emb(ids).numpy(), full[ids.numpy()])
+    assert_same_bits(emb.weight.numpy(), full)
+    if fmt == "q4_1":  # traced: the operator (one format, or dynamo's recompile limit hits)
+        torch._dynamo.reset()
+        assert_same_bits(torch.compile(emb, fullgraph=True)(ids).numpy(), full[ids.numpy()])
+    with pytest.raises(IndexError, match=r"embedding id 200 is outside \[0, 200\)"):
+        emb(torch.tensor([200]))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+def test_the_decoder_reads_a_tied_table_from_the_output_layer_on_every_row(fmt):
+    """A small Llama whose lm_head holds the table and whose embedding is tied to it: the
+    Decoder's C rows (read from the layer, either layout) give the model's logits."""
+    base = inv.random_llama(CONFIG, torch.float32, seed=4)
+    table_w = narrow(base.model.embed_tokens.weight.detach().numpy(), fmt)
+    for isa in ISAS:
+        with use_isa(isa):
+            for pack in (True, False):
+                model = nmt.convert(inv.random_llama(CONFIG, torch.float32, seed=4), "bf16",
+                                    batch_invariant=True, pack=pack, threads=False).float()
+                model.lm_head = nmt.Linear.from_weights(table_w, pack=pack)
+                model.model.embed_tokens = nmt.Embedding.tied_to(model.lm_head)
+                prompt = PROMPTS[2]
+                want = inv.prompt_logits(model, [prompt])[0][-1]
+                dec = nmt.Decoder(model)
+                dec.reset(1, len(prompt))
+                got = dec.step(np.array([prompt]), np.arange(len(prompt))[None], np.array([0]))
+                assert torch.equal(got[0], want), (isa, pack)
+
+
+def test_a_table_tied_elsewhere_or_to_an_fp8_layer_is_refused():
+    model = nmt.convert(inv.random_llama(CONFIG, torch.float32, seed=0), "bf16",
+                        batch_invariant=True, threads=False).float()
+    other = nmt.Linear.from_weights(table("q8_0", CONFIG.vocab_size, CONFIG.hidden_size))
+    model.model.embed_tokens = nmt.Embedding.tied_to(other)
+    with pytest.raises(ValueError, match="tied to a layer other than the model's lm_head"):
+        nmt.Decoder(model)
+    fp8 = nmt.Linear.from_weights(table("e4m3fn", 20, 32))
+    with pytest.raises(ValueError, match=r"cannot be tied to a e4m3fn layer"):
+        nmt.Embedding.tied_to(fp8)

@@ -152,9 +152,9 @@ typedef struct nm_embedding {
 } nm_embedding;
 
 /* A Llama-family decoder (model/llama.c): every layer's two RMSNorm weights and seven
- * linear layers, the token embedding (vocab x hidden: float32 in embed, or narrow in
- * narrow_embed when embed is NULL), the final norm, the output layer, and the rotary table
- * (positions x head_dim cos and sin). */
+ * linear layers, the token embedding (vocab x hidden: float32 in embed, or, when embed is
+ * NULL, narrow in narrow_embed or tied to the output layer), the final norm, the output
+ * layer, and the rotary table (positions x head_dim cos and sin). */
 typedef struct nm_llama_layer {
     const float *attn_norm, *mlp_norm;
     /* Qwen3: each head's query and key RMS-normalised (weights of head_dim floats, the
@@ -168,6 +168,8 @@ typedef struct nm_llama {
     float eps, scale; /* the norms' epsilon; attention's factor on the scores */
     const float *embed, *final_norm, *cos, *sin;
     nm_embedding narrow_embed;
+    int tied_embed; /* embed NULL: the table is the output layer's weights (row t, its
+                     * column t), not narrow_embed */
     const nm_llama_layer *layer;
     nm_linear lm_head;
 } nm_llama;

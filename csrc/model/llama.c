@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../codecs/codec_scalar.h"
 #include "../include/narrowmm.h"
 
 /* Where a step's time goes, when the caller asks (spent != NULL): seconds per part added to
@@ -58,6 +59,41 @@ static void embed_row(const nm_isa_kernels *row, const nm_embedding *e, int64_t 
     const float *s = e->s + t * e->ls, *o = e->o ? e->o + t * e->ls : NULL;
     for (int64_t p = 0; p < hidden; ++p)
         x[p] = o ? fmaf(x[p], s[p / e->bk], o[p / e->bk]) : x[p] * s[p / e->bk];
+}
+
+/* Row t of a table tied to the output layer (nm_llama.tied_embed): column t of the layer's
+ * weights, its codes gathered from either layout into tmp (k stored items), decoded by the
+ * row's slot, then times the layer's scales, or fma with its offsets, read where the kernels
+ * read them (a binary16 grid widened exactly). The plan takes a tied table only for a format
+ * whose kernels take the scales as they are (no scale exponent): the same values as the
+ * layer's weights decoded whole. */
+static void tied_row(const nm_isa_kernels *row, const nm_linear *L, int64_t t, uint8_t *tmp,
+                     float *x) {
+    const nm_format_info *info = &nm_format_table[L->fmt];
+    const int64_t item = info->itemsize, stored = L->k / info->kpack;
+    const int64_t width = L->packed ? nm_pack_width(row, L->fmt) : 0;
+    const uint8_t *base = L->packed ? L->b + nm_packed_offset(stored, width, item, 0, t)
+                                    : L->b + t * item;
+    const int64_t stride = L->packed ? width * item : L->ldb;
+    for (int64_t r = 0; r < stored; ++r) memcpy(tmp + r * item, base + r * stride, (size_t)item);
+    if (item == 4)
+        memcpy(x, tmp, (size_t)L->k * sizeof(float));
+    else if (item == 2)
+        row->decode[L->fmt]((const uint16_t *)tmp, x, L->k);
+    else
+        row->decode8[L->fmt](tmp, x, stored);
+    if (!L->has_scales) return;
+    const nm_scales *sc = &L->scales;
+    for (int64_t p0 = 0, q = 0; p0 < L->k; p0 += sc->bk, ++q) {
+        const int64_t at = nm_grid_offset(sc, q, t), pe = p0 + sc->bk < L->k ? p0 + sc->bk : L->k;
+        const float s = sc->s16 ? nm_fp16_to_f32(sc->s16[at]) : sc->s[at];
+        if (sc->o16 || sc->o) {
+            const float o = sc->o16 ? nm_fp16_to_f32(sc->o16[at]) : sc->o[at];
+            for (int64_t p = p0; p < pe; ++p) x[p] = fmaf(x[p], s, o);
+        } else {
+            for (int64_t p = p0; p < pe; ++p) x[p] = x[p] * s;
+        }
+    }
 }
 
 /* The step's working memory, one allocation. */
@@ -241,6 +277,8 @@ int nm_llama_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache 
         if (md->embed)
             memcpy(sb.x + r * hidden, md->embed + tokens[r] * hidden,
                    (size_t)hidden * sizeof(float));
+        else if (md->tied_embed) /* sb.proj (free until the layers) holds the codes */
+            tied_row(row, &md->lm_head, tokens[r], (uint8_t *)sb.proj, sb.x + r * hidden);
         else
             embed_row(row, &md->narrow_embed, tokens[r], hidden, sb.x + r * hidden);
     }

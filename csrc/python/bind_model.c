@@ -120,13 +120,26 @@ static int take_linear(plan *p, PyObject *spec, const char *what, int64_t want_k
     return 0;
 }
 
-/* The token embedding: a float32 table (vocab x hidden values), or a narrow one from
- * (fmt, bits, scales or None, offsets or None, block): bits (vocab, hidden / kpack) items of
- * the format, rows contiguous; scales, and offsets for a format with them, vocab x
- * ceil(hidden / block) float32, C-contiguous (nm_embedding). */
+/* The token embedding: a float32 table (vocab x hidden values); a narrow one from (fmt,
+ * bits, scales or None, offsets or None, block): bits (vocab, hidden / kpack) items of the
+ * format, rows contiguous; scales, and offsets for a format with them, vocab x
+ * ceil(hidden / block) float32, C-contiguous (nm_embedding); or None: the output layer's
+ * weights, taken before (tied_embed). */
 static int take_embedding(plan *p, PyObject *obj, int64_t vocab, int64_t hidden,
                           nm_llama *md) {
     const char *what = "the token embedding";
+    if (obj == Py_None) {
+        const nm_format_info *info = &nm_format_table[md->lm_head.fmt];
+        if (info->scale_exponent) {
+            PyErr_Format(PyExc_ValueError, "%s cannot be tied to an output layer in '%s' (its "
+                         "kernels take its scales times 2^%d)", what, info->name,
+                         info->scale_exponent);
+            return -1;
+        }
+        md->embed = NULL;
+        md->tied_embed = 1;
+        return 0;
+    }
     if (!PyTuple_Check(obj)) return (md->embed = take_vector(p, obj, what, vocab * hidden)) ? 0 : -1;
     int fmt;
     long long bk;
@@ -177,8 +190,8 @@ static int take_embedding(plan *p, PyObject *obj, int64_t vocab, int64_t hidden,
 }
 
 /* llama_plan((layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, eps, scale),
- *            embed (take_embedding), final_norm, lm_head, [(attn_norm, q, k, v, o, mlp_norm,
- *            gate, up, down
+ *            embed (take_embedding; None: tied to lm_head), final_norm, lm_head,
+ *            [(attn_norm, q, k, v, o, mlp_norm, gate, up, down
  *            [, q_norm, k_norm])]): q_norm and k_norm (Qwen3's per-head norms) both head_dim
  *            floats or both None */
 PyObject *py_llama_plan(PyObject *self, PyObject *args) {
@@ -225,9 +238,9 @@ PyObject *py_llama_plan(PyObject *self, PyObject *args) {
                      .head_dim = d, .intermediate = inter, .vocab = vocab, .positions = 0,
                      .eps = (float)eps, .scale = (float)scale, .layer = p->layers};
     const int64_t hd = heads * d, kvd = kv_heads * d;
-    if (take_embedding(p, embed, vocab, hidden, md) < 0 ||
-        !(md->final_norm = take_vector(p, final_norm, "the final norm", hidden)) ||
-        take_linear(p, lm_head, "the output layer", hidden, vocab, &md->lm_head) < 0)
+    if (take_linear(p, lm_head, "the output layer", hidden, vocab, &md->lm_head) < 0 ||
+        take_embedding(p, embed, vocab, hidden, md) < 0 ||
+        !(md->final_norm = take_vector(p, final_norm, "the final norm", hidden)))
         goto fail;
     for (long long i = 0; i < layers; ++i) {
         PyObject *spec = PyList_GET_ITEM(layer_list, i);

@@ -121,6 +121,11 @@ class Decoder:
                 _linear_spec(m.up_proj, p + "mlp.up_proj"),
                 _linear_spec(m.down_proj, p + "mlp.down_proj"), *qk))
         if isinstance(base.embed_tokens, Embedding):  # kept narrow: rows decoded in C
+            tied = base.embed_tokens.tied
+            if tied is not None and tied is not model.lm_head:
+                raise ValueError("model.embed_tokens is tied to a layer other than the "
+                                 "model's lm_head; the decoder reads a tied table from "
+                                 "lm_head")
             embed = base.embed_tokens.spec()
             self.vocab_size = base.embed_tokens.num_embeddings
             self.hidden_size = base.embed_tokens.embedding_dim

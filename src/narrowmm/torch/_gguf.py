@@ -126,7 +126,8 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     tensor is narrow and which ``transformers`` takes as it is; norms, the layers' biases
     (Qwen2's on q, k and v) and any other embedding are float32 (their exact values), each
     changed as ``transformers``' processor for the architecture changes it (Gemma's norms:
-    ``w - 1``). A tied output layer is built on the embedding's blocks. The query and key
+    ``w - 1``). A tied output layer is built on the embedding's blocks, and the embedding
+    then reads its rows from that layer (:meth:`Embedding.tied_to`). The query and key
     projections get the row order ``transformers`` gives them (llama.cpp permutes their rows
     for its rotary code): a permutation of output features, so every weight keeps its bits.
     ``batch_invariant=True`` and :class:`Decoder` take Llama, Qwen2 and Qwen3 files; the
@@ -134,8 +135,8 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
 
     Memory: the model keeps each linear layer's blocks in the kernels' form (the file's
     bytes for Q8_0, Q4_0 and Q4_1; more for the types converted, see
-    :func:`narrowmm.load_gguf`), the embedding's as well (a tied table twice: its rows, and
-    the packed output layer). While it loads, the file
+    :func:`narrowmm.load_gguf`), the embedding's as well (a tied table once). While it loads,
+    the file
     is mapped (its pages count in the resident set until the map closes on return) and each
     tensor is converted a few MB of blocks at a time, so the peak stays near the model's
     size plus the file's (README, "GGUF files and Q8_0 weights").
@@ -175,6 +176,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     hf_names = _gguf_names(model, arch, config.num_hidden_layers, path)
     modules = dict(model.named_modules())
     linears: dict[str, dict[str, str]] = {}  # module -> {"weight"/"bias": GGUF tensor}
+    embeddings: dict[str, str] = {}  # module -> GGUF tensor, for narrow embeddings
     for gguf_name, hf_name in hf_names.items():
         if gguf_name not in f.info:
             continue
@@ -183,7 +185,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         if isinstance(module, torch.nn.Linear) and param in ("weight", "bias"):
             linears.setdefault(module_name, {})[param] = gguf_name
         elif param == "weight" and _narrow_embedding(f, gguf_name, module, processor):
-            _replace(model, module_name, Embedding.from_weights(f[gguf_name]))
+            embeddings[module_name] = gguf_name  # made below: perhaps tied to the output
         else:
             value = _float_tensor(f, gguf_name, processor, tuple(getattr(module, param).shape))
             setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
@@ -198,6 +200,14 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
             raise ValueError(f"{path}: no output layer and no tied embedding to use for it")
         tied = f[embedding]
         model.lm_head = Linear.from_weights(tied, pack=pack)
+        for module_name, gguf_name in list(embeddings.items()):
+            if gguf_name == embedding and not (model.lm_head.format.scaled
+                                               and model.lm_head.format.scale_exponent):
+                # the table is the output layer's blocks: looked up there, not held twice
+                _replace(model, module_name, Embedding.tied_to(model.lm_head))
+                del embeddings[module_name]
+    for module_name, gguf_name in embeddings.items():
+        _replace(model, module_name, Embedding.from_weights(f[gguf_name]))
     _materialise_buffers(model, config)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
