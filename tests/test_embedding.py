@@ -203,3 +203,15 @@ def test_a_table_tied_elsewhere_or_to_an_fp8_layer_is_refused():
     fp8 = nmt.Linear.from_weights(table("e4m3fn", 20, 32))
     with pytest.raises(ValueError, match=r"cannot be tied to a e4m3fn layer"):
         nmt.Embedding.tied_to(fp8)
+
+
+def test_dtype_casts_of_the_model_leave_a_tables_scales_alone():
+    """The scales and offsets are int32 bits in the module: half() and .to(bfloat16) keep
+    the rows' bits."""
+    w = table("q4_1", 60, 64, seed=5)
+    emb = nmt.Embedding.from_weights(w)
+    assert emb.weight_scales.dtype == torch.int32 == emb.weight_offsets.dtype
+    ids = torch.tensor([1, 4, 59])
+    emb.half()
+    emb.to(torch.bfloat16)
+    assert_same_bits(emb(ids).numpy(), w.decode()[ids.numpy()])

@@ -426,6 +426,36 @@ def test_torch_layer_keeps_its_binary16_grid_through_dtype_casts():
             assert_same_bits(layer(x).numpy(), want.numpy())
 
 
+def test_torch_layer_keeps_its_float32_grid_through_dtype_casts():
+    """A float32 grid (Q4_K's exact d * sc, FP8's scales) is stored as its int32 bits:
+    module.half() and .to(bfloat16), which would round a float32 buffer, leave it alone,
+    and the layer gives its bits (rounded back to the input's dtype) after them. Before,
+    half() made Q4_K's grid float16 and the weights silently wrong."""
+    torch = require("torch")
+    import narrowmm.torch as nmt
+    from narrowmm.checkpoints import _gguf_blocks
+
+    rng = np.random.default_rng(7)
+    blocks = rng.integers(0, 256, (40, 1, 144), dtype=np.uint8)
+    for at in _gguf_blocks.FP16_FIELDS["Q4_K"]:
+        blocks[:, :, at:at + 2] = np.frombuffer(np.float16(0.0123).tobytes(), np.uint8)
+    q4_k = _gguf_blocks.as_torch_weights(_gguf_blocks.convert("Q4_K", blocks))
+    layers = [nmt.Linear.from_weights(q4_k, pack=pack) for pack in (True, False)]
+    layers.append(nmt.Linear.from_torch(torch.nn.Linear(256, 40, bias=False), "e4m3fn"))
+    x = torch.randn(3, 256).half().float()  # float16 values: the half layer's input
+    for layer in layers:
+        assert layer.weight_scales.dtype == torch.int32
+        with torch.inference_mode():
+            want = layer(x)
+            for cast in (torch.nn.Module.half, lambda m: m.to(torch.bfloat16),
+                         torch.nn.Module.float):
+                cast(layer)
+                assert layer.weight_scales.dtype == torch.int32
+                assert_same_bits(layer(x).numpy(), want.numpy())
+            layer.half()
+            assert torch.equal(layer(x.half()), want.half())
+
+
 def test_torch_layer_buffers_start_on_a_cache_line():
     """narrowmm.torch.Linear holds packed codes and the kernels' grid as Weights made them
     (pack_slivers, kernel_scales): from a 64-byte line, which the kernels' scale loads need

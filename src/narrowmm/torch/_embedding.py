@@ -11,7 +11,7 @@ from .._codecs import decode
 from .._formats import Format
 from .._scales import Scales, apply
 from .._weights import TorchWeights
-from ._layer import _BY_CODE, Linear, _eager
+from ._layer import _BY_CODE, Linear, _eager, buffer_grid, numpy_grid
 
 
 def _row_grid(scales: Scales, rows: int, cols: int) -> tuple[np.ndarray, int]:
@@ -100,10 +100,7 @@ def _numpy_bits(bits: torch.Tensor, fmt: Format) -> np.ndarray:
 
 
 def _numpy_grid(grid: torch.Tensor | None) -> np.ndarray | None:
-    if grid is None:
-        return None
-    g = grid.numpy()
-    return g.view(np.float16) if g.dtype == np.int16 else g
+    return None if grid is None else numpy_grid(grid)
 
 
 @torch.library.custom_op("narrowmm::embedding", mutates_args=(), device_types="cpu")
@@ -114,10 +111,8 @@ def _embedding_op(ids: torch.Tensor, bits: torch.Tensor, scales: torch.Tensor | 
     row (16-bit formats as int16), ``scales`` and ``offsets`` float32, a grid row per table
     row and a scale per ``scale_block`` values (:class:`Embedding`)."""
     fmt = _BY_CODE[format_code]
-    return torch.from_numpy(_rows(ids.numpy(), _numpy_bits(bits, fmt),
-                                  None if scales is None else scales.numpy(),
-                                  None if offsets is None else offsets.numpy(), fmt,
-                                  scale_block, dim))
+    return torch.from_numpy(_rows(ids.numpy(), _numpy_bits(bits, fmt), _numpy_grid(scales),
+                                  _numpy_grid(offsets), fmt, scale_block, dim))
 
 
 @_embedding_op.register_fake
@@ -149,7 +144,8 @@ class Embedding(torch.nn.Module):
 
     From a table (:meth:`from_weights`), the codes (``weight_bits``), and the scales and
     offsets of a scaled format as one grid row per token (``weight_scales``,
-    ``weight_offsets``, a scale per ``scale_block`` values), are non-persistent buffers, as
+    ``weight_offsets``, a scale per ``scale_block`` values, stored as their int32 bits so
+    that ``model.half()`` leaves them alone), are non-persistent buffers, as
     :class:`Linear`'s. Tied to an output layer (:meth:`tied_to`, a tied model's table), it
     holds nothing of its own: row t is the layer's output feature t, read from the layer's
     buffers. Inference only.
@@ -188,10 +184,11 @@ class Embedding(torch.nn.Module):
             raise TypeError(f"Embedding takes narrowmm.TorchWeights or a narrowmm Linear, got "
                             f"{type(weights).__name__}")
         self.register_buffer("weight_bits", bits, persistent=False)
+        # as their int32 bits, as Linear's grids: dtype casts of the model keep them
         self.register_buffer("weight_scales", None if scales is None
-                             else torch.from_numpy(scales), persistent=False)
+                             else buffer_grid(scales), persistent=False)
         self.register_buffer("weight_offsets", None if offsets is None
-                             else torch.from_numpy(offsets), persistent=False)
+                             else buffer_grid(offsets), persistent=False)
 
     @classmethod
     def from_weights(cls, weights: TorchWeights) -> Embedding:

@@ -42,20 +42,33 @@ def _plain_scales(scales: tuple[np.ndarray, int, bool], fmt: Format,
     return Scales(plain, (bk, 1)), offsets
 
 
+def buffer_grid(grid: np.ndarray) -> torch.Tensor:
+    """A grid of scales as a module buffer: its bits as int16 (a float16 grid) or int32 (a
+    float32 one), so that ``module.half()``, ``.float()`` or ``.to(dtype)``, which cast
+    floating buffers, leave its values (and the layer's bits) alone."""
+    return torch.from_numpy(grid.view(np.int16) if grid.dtype == np.float16
+                            else grid.view(np.int32))
+
+
+def numpy_grid(grid: torch.Tensor) -> np.ndarray:
+    """The float16 or float32 grid a :func:`buffer_grid` buffer holds."""
+    a = grid.numpy()
+    return a.view({np.dtype(np.int16): np.float16, np.dtype(np.int32): np.float32}.get(
+        a.dtype, a.dtype))
+
+
 def _layer_weights(weight: torch.Tensor, fmt: Format, out_features: int, packed: bool,
                    scales: torch.Tensor | None, scale_block: int,
                    finite: bool) -> Weights | PackedWeights:
     """The narrowmm weights over a layer's buffers, without a copy: the bits ((in, out) rows,
     or the (slivers, in, width) packed ones) and, for a scaled format, the scales as the
     layer stores them, in the kernels' form (``Weights.kernel_scales``: grid, block of
-    rows, no NaN/Inf code), handed to the weights as they are (a float16 grid is stored as
-    int16, so that ``module.float()`` leaves it alone)."""
+    rows, no NaN/Inf code), handed to the weights as they are (the grid is stored as its
+    int16 or int32 bits, so that ``module.half()`` or ``.float()`` leaves it alone)."""
     bits = _numpy_bits(weight, fmt)
     plain = grid = offsets = None
     if scales is not None:
-        grid = scales.numpy()
-        if grid.dtype == np.int16:
-            grid = grid.view(np.float16)
+        grid = numpy_grid(scales)
         plain, offsets = _plain_scales((grid, scale_block, finite), fmt, out_features)
     w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2], fmt), plain, offsets)
          if packed else Weights.from_bits(bits, fmt, plain, offsets))
@@ -102,8 +115,9 @@ def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``weight`` holds narrowmm's bits: ``(in_features, out_features)`` row-major, or the
     packed slivers ``(slivers, in_features, width)`` when ``packed``; 16-bit formats are
     stored as int16, 8-bit ones as uint8. A scaled format (FP8, GGUF's) passes its scales in
-    the kernels' form (``Weights.kernel_scales``; a float16 grid as its int16 bits): the
-    grid, its block of rows, and whether the weights hold no NaN/Inf code."""
+    the kernels' form (``Weights.kernel_scales``; the grid as its int16 bits for float16,
+    int32 for float32): the grid, its block of rows, and whether the weights hold no NaN/Inf
+    code."""
     return _linear_impl(x, weight, bias, format_code, out_features, packed, scales,
                          scale_block, finite)
 
@@ -155,8 +169,7 @@ class Linear(torch.nn.Module):
         scales = None
         if weights.format.scaled:  # the default width: n, or whole slivers when packed
             grid, self.scale_block, self.finite = weights.kernel_scales()
-            # a float16 grid as int16 bits: module.float() / .to(dtype) keep them
-            scales = torch.from_numpy(grid.view(np.int16) if grid.dtype == np.float16 else grid)
+            scales = buffer_grid(grid)  # as integer bits: dtype casts keep them
         self.register_buffer("weight_scales", scales, persistent=False)
         self.register_buffer("bias", None if bias is None else torch.from_numpy(
             np.ascontiguousarray(bias, dtype=np.float32)), persistent=False)
