@@ -11,7 +11,7 @@ from .._codecs import decode
 from .._formats import Format
 from .._scales import Scales, apply
 from .._weights import TorchWeights
-from ._layer import _BY_CODE, Linear, _eager, buffer_grid, numpy_grid
+from ._layer import _BY_CODE, Linear, _eager, _numpy_bits, buffer_grid, numpy_grid
 
 
 def _row_grid(scales: Scales, rows: int, cols: int) -> tuple[np.ndarray, int]:
@@ -92,11 +92,6 @@ def _tied_rows(ids: np.ndarray, bits: np.ndarray, grid: np.ndarray | None, fmt: 
         offsets = None if offsets is None else offsets.astype(np.float32)
     values = _decoded(codes, fmt, len(flat), dim, scales, offsets, block)
     return values.reshape(*ids.shape, dim)
-
-
-def _numpy_bits(bits: torch.Tensor, fmt: Format) -> np.ndarray:
-    b = bits.numpy()
-    return b.view(np.uint16) if fmt.itemsize == 2 else b
 
 
 def _numpy_grid(grid: torch.Tensor | None) -> np.ndarray | None:
