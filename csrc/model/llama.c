@@ -42,19 +42,24 @@ static void clock_mark(part_clock *pc, int part) {
     pc->last = now;
 }
 
-/* Row t of a narrow embedding table into x (hidden floats): the row's codes through the
- * format's codec (the row's decode slot, what nm decode and Weights.decode use), then each
- * value times its scale, one rounding, or fma with its offset (nm_embedding). */
+/* n values of format fmt from their contiguous codes at b into x, through the format's
+ * codec (the row's decode slot, what nm decode and Weights.decode use). */
+static void decode_codes(const nm_isa_kernels *row, int fmt, const uint8_t *b, int64_t n,
+                         float *x) {
+    const nm_format_info *info = &nm_format_table[fmt];
+    if (info->itemsize == 4)
+        memcpy(x, b, (size_t)n * sizeof(float));
+    else if (info->itemsize == 2)
+        row->decode[fmt]((const uint16_t *)b, x, n);
+    else
+        row->decode8[fmt](b, x, n / info->kpack);
+}
+
+/* Row t of a narrow embedding table into x (hidden floats): the row's codes decoded, then
+ * each value times its scale, one rounding, or fma with its offset (nm_embedding). */
 static void embed_row(const nm_isa_kernels *row, const nm_embedding *e, int64_t t,
                       int64_t hidden, float *x) {
-    const uint8_t *b = e->bits + t * e->ldb;
-    const nm_format_info *info = &nm_format_table[e->fmt];
-    if (info->itemsize == 4)
-        memcpy(x, b, (size_t)hidden * sizeof(float));
-    else if (info->itemsize == 2)
-        row->decode[e->fmt]((const uint16_t *)b, x, hidden);
-    else
-        row->decode8[e->fmt](b, x, hidden / info->kpack);
+    decode_codes(row, e->fmt, e->bits + t * e->ldb, hidden, x);
     if (!e->s) return;
     const float *s = e->s + t * e->ls, *o = e->o ? e->o + t * e->ls : NULL;
     for (int64_t p = 0; p < hidden; ++p)
@@ -62,9 +67,9 @@ static void embed_row(const nm_isa_kernels *row, const nm_embedding *e, int64_t 
 }
 
 /* Row t of a table tied to the output layer (nm_llama.tied_embed): column t of the layer's
- * weights, its codes gathered from either layout into tmp (k stored items), decoded by the
- * row's slot, then times the layer's scales, or fma with its offsets, read where the kernels
- * read them (a binary16 grid widened exactly). The plan takes a tied table only for a format
+ * weights, its codes gathered from either layout into tmp (k stored items), decoded
+ * (decode_codes), then times the layer's scales, or fma with its offsets, read where the
+ * kernels read them (a binary16 grid widened exactly). The plan takes a tied table only for a format
  * whose kernels take the scales as they are (no scale exponent): the same values as the
  * layer's weights decoded whole. */
 static void tied_row(const nm_isa_kernels *row, const nm_linear *L, int64_t t, uint8_t *tmp,
@@ -76,12 +81,7 @@ static void tied_row(const nm_isa_kernels *row, const nm_linear *L, int64_t t, u
                                     : L->b + t * item;
     const int64_t stride = L->packed ? width * item : L->ldb;
     for (int64_t r = 0; r < stored; ++r) memcpy(tmp + r * item, base + r * stride, (size_t)item);
-    if (item == 4)
-        memcpy(x, tmp, (size_t)L->k * sizeof(float));
-    else if (item == 2)
-        row->decode[L->fmt]((const uint16_t *)tmp, x, L->k);
-    else
-        row->decode8[L->fmt](tmp, x, stored);
+    decode_codes(row, L->fmt, tmp, L->k, x);
     if (!L->has_scales) return;
     const nm_scales *sc = &L->scales;
     for (int64_t p0 = 0, q = 0; p0 < L->k; p0 += sc->bk, ++q) {

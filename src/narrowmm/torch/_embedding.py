@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._codecs import decode
 from .._formats import Format
-from .._scales import Scales, apply
+from .._scales import Scales
 from .._weights import TorchWeights
 from ._layer import _BY_CODE, Linear, _eager, _numpy_bits, buffer_grid, numpy_grid
 
@@ -40,15 +39,16 @@ def _flat_ids(ids: np.ndarray, count: int) -> np.ndarray:
 def _decoded(codes: np.ndarray, fmt: Format, rows: int, dim: int, scales: np.ndarray | None,
              offsets: np.ndarray | None, block: int) -> np.ndarray:
     """``rows`` table rows from their codes (``(rows, dim / kpack)``) and grid rows of scales
-    and offsets (a scale per ``block`` values): float32 ``(rows, dim)``."""
-    if fmt.name == "f32":
-        values = np.array(codes.view(np.float32))
-    else:
-        values = decode(np.ascontiguousarray(codes), fmt).reshape(rows, dim)
-    if scales is not None:
-        apply(values, Scales(scales, (1, block)),
-              None if offsets is None else Scales(offsets, (1, block)))
-    return values
+    and offsets (a scale per ``block`` values): float32 ``(rows, dim)``, as
+    :meth:`TorchWeights.decode` decodes those rows."""
+    if rows == 0:  # no row: nothing to decode (a grid of no rows does not fit Scales)
+        return np.empty((0, dim), np.float32)
+
+    def grid(values: np.ndarray | None) -> Scales | None:
+        return None if values is None else Scales(values, (1, block))
+
+    weights = TorchWeights(np.ascontiguousarray(codes), fmt, grid(scales), grid(offsets))
+    return weights.decode().reshape(rows, dim)
 
 
 def _rows(ids: np.ndarray, bits: np.ndarray, scales: np.ndarray | None,
