@@ -271,7 +271,7 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
  * template hoists the block's scales and offsets into registers, 12 vectors beside the 6
  * accumulators, two broadcasts and the mask: more than 16, so the compiler reloaded them
  * from the stack as separate loads, each row. The same operations, so the same bits; 3.34 ->
- * 3.16 cycles per 16 weights on an L2-resident group (Zen 3,
+ * 3.11 cycles per 16 weights on an L2-resident group (Zen 3,
  * docs/results/ab-avx2-q4-zen3-2026-12-05.txt). WIDEN8 reads 8 scales or offsets of the
  * grid's type (float32, or binary16 widened exactly). */
 #define NM_DEFINE_Q4_1_STAGED_GEMV(NAME, ST, WIDEN8)                                          \
