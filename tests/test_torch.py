@@ -81,6 +81,34 @@ def test_float32_input_is_not_copied_and_output_is_narrowmms(monkeypatch):
     assert np.shares_memory(seen["out"], y.numpy())
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "e4m3fn"])
+@pytest.mark.parametrize("pack", [False, True])
+def test_an_eager_layer_keeps_no_float32_copy_of_its_scales(fmt, pack):
+    """The layer stores its scales in the kernels' form only; the weights its eager forward
+    keeps (built once) read the float32 grid from it when a provider asks, so they hold no
+    second copy (a third of a 4-bit GGUF model's bytes, before). The NumPy provider, which
+    reads that float32 grid, still gives the native bits (e4m3fn: scales times 2^8 in the
+    kernels' grid; q4_1: a binary16 grid with offsets below the scales when packed)."""
+    import tracemalloc
+
+    k, n = 2048, 512
+    layer = nmt.Linear.from_torch(linear(k, n), fmt, pack=pack)
+    x = torch.randn(1, k)
+    # the float32 grid of scales (and offsets) a copy would take: per column, 32-row blocks
+    blocks = 1 if fmt == "e4m3fn" else k // 32
+    copy_bytes = blocks * n * 4 * (2 if fmt == "q4_1" else 1)
+    with torch.inference_mode():
+        tracemalloc.start()
+        try:
+            y = layer(x)  # the first eager forward: builds and keeps the layer's weights
+            kept = tracemalloc.get_traced_memory()[0] - y.numel() * 4
+        finally:
+            tracemalloc.stop()
+    if fmt != "e4m3fn":  # a per-column grid (2 KB) is too small to tell from the rest
+        assert kept < copy_bytes // 4, (kept, copy_bytes)
+    assert_same_bits(y.numpy(), oracle(layer, x.numpy()))
+
+
 def test_bad_input():
     layer = nmt.Linear.from_torch(linear(8, 4), "bf16")
     with torch.no_grad():

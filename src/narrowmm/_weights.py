@@ -121,6 +121,52 @@ def row_major(grid: np.ndarray, grids: int) -> np.ndarray:
     return np.ascontiguousarray(four).reshape(grids * blocks, slivers * width)
 
 
+class GridScales(Scales):
+    """Scales (or offsets) read from a kernels' grid (:meth:`Weights.kernel_scales`' form,
+    row-major or sliver-major, float16 or float32, times ``2**scale_exponent``) each time
+    ``values`` is asked for, never kept: what a layer that stores only that grid
+    (``narrowmm.torch.Linear``) hands the weights it computes with. The native kernels read
+    the grid itself; the float32 grid the checks, the NumPy and reference providers and
+    :meth:`decode` read is made for them and dropped, so a layer does not hold a second,
+    float32 copy of its scales beside the kernels' (a third of a 4-bit GGUF file's bytes).
+
+    Args:
+        grid: the kernels' grid, ``parts`` grids stacked (the scales, then the offsets).
+        part: which of them (0: the scales, 1: the offsets).
+        n: the matrix's columns (the grid may have more: whole slivers).
+        bk: rows a block of scales covers.
+        scale_exponent: r, undone on the scales (exact), not on the offsets.
+    """
+
+    __slots__ = ("_grid", "_n", "_part", "_parts", "_scale_exponent")
+
+    def __init__(self, grid: np.ndarray, part: int, parts: int, n: int, bk: int,
+                 scale_exponent: int = 0) -> None:
+        if grid.ndim not in (2, 3) or grid.shape[0] % parts:
+            raise ValueError(f"a kernels' grid of {parts} parts must be 2-D or 3-D with a "
+                             f"multiple of {parts} leading rows, got shape {grid.shape}")
+        self._grid, self._part, self._parts, self._n = grid, part, parts, n
+        self._scale_exponent = scale_exponent
+        self.block = (bk, 1)
+
+    @property
+    def values(self) -> np.ndarray:  # type: ignore[override]  # a new, read-only array
+        grid, part, parts, n = self._grid, self._part, self._parts, self._n
+        count = grid.shape[0] // parts
+        mine = grid[part * count:(part + 1) * count]
+        if grid.ndim == 3:  # (slivers, blocks, width): rows of blocks, slivers side by side
+            mine = np.ascontiguousarray(mine.transpose(1, 0, 2)).reshape(grid.shape[1], -1)
+        out = np.array(mine[:, :n], dtype=np.float32)  # float16 grids: exact
+        if part == 0 and self._scale_exponent:
+            out *= np.float32(2.0 ** -self._scale_exponent)  # exact
+        out.flags.writeable = False
+        return out
+
+    def __repr__(self) -> str:
+        blocks = self._grid.shape[1] if self._grid.ndim == 3 else self._grid.shape[0] // self._parts
+        return f"Scales({self.kind}, grid={(blocks, self._n)}, block={self.block})"
+
+
 class _KernelScales:
     """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
     once per row width, and whether the weights hold no NaN/Inf code (looked at once). With

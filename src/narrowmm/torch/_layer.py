@@ -11,8 +11,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from .._codecs import encode
 from .._formats import FORMATS, Format, get_format
 from .._linear import Linear as ArrayLinear
-from .._scales import Scales
-from .._weights import PackedWeights, TorchWeights, Weights, row_major
+from .._weights import GridScales, PackedWeights, TorchWeights, Weights
 from ..providers import resolve
 from ..providers.native import core
 
@@ -24,22 +23,6 @@ def _numpy_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
     """The weight buffer as the NumPy bits narrowmm reads (int16 in torch, uint16 here)."""
     a = weight.numpy()
     return a.view(np.uint16) if fmt.itemsize == 2 else a
-
-
-def _plain_scales(scales: tuple[np.ndarray, int, bool], fmt: Format,
-                  out_features: int) -> tuple[Scales, Scales | None]:
-    """The Scales behind the kernels' form (one per column per block of rows, times 2^r),
-    and the offsets a format with offsets keeps below them (Weights.kernel_scales)."""
-    grid, bk, _ = scales
-    grid = grid.astype(np.float32, copy=False)  # a float16 grid (half_scales): exact
-    if grid.ndim == 3:  # packed weights' sliver-major grid
-        grid = row_major(grid, 2 if fmt.offsets else 1)
-    offsets = None
-    if fmt.offsets:
-        half = grid.shape[0] // 2
-        grid, offsets = grid[:half], Scales(grid[half:, :out_features], (bk, 1))
-    plain = grid[:, :out_features] * np.float32(2.0 ** -fmt.scale_exponent)  # exact
-    return Scales(plain, (bk, 1)), offsets
 
 
 def buffer_grid(grid: np.ndarray) -> torch.Tensor:
@@ -67,9 +50,11 @@ def _layer_weights(weight: torch.Tensor, fmt: Format, out_features: int, packed:
     int16 or int32 bits, so that ``module.half()`` or ``.float()`` leaves it alone)."""
     bits = _numpy_bits(weight, fmt)
     plain = grid = offsets = None
-    if scales is not None:
+    if scales is not None:  # read from the grid when asked, not copied (GridScales)
         grid = numpy_grid(scales)
-        plain, offsets = _plain_scales((grid, scale_block, finite), fmt, out_features)
+        parts = 2 if fmt.offsets else 1
+        plain = GridScales(grid, 0, parts, out_features, scale_block, fmt.scale_exponent)
+        offsets = GridScales(grid, 1, parts, out_features, scale_block) if fmt.offsets else None
     w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2], fmt), plain, offsets)
          if packed else Weights.from_bits(bits, fmt, plain, offsets))
     if grid is not None:
