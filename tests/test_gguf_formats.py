@@ -234,6 +234,39 @@ def test_matmul_equals_the_oracle_on_every_path(fmt, isa):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_layer_on_torch_weights_holds_their_scales_once(fmt, pack):
+    """nm.Linear on a checkpoint's TorchWeights (a GGUF tensor) transposes or packs them, and
+    their scales with them: the layer's weights keep the kernels' grid only and read the
+    float32 Scales from it when asked (GridScales), so no float32 copy of the grid stays
+    beside the kernels' one (float16 for packed GGUF weights). The values, the NumPy
+    provider's bits and the native bits are the TorchWeights' own."""
+    import tracemalloc
+
+    rng = np.random.default_rng(9)
+    k, n = 2048, 384
+    w = random_weights(rng, fmt, k, n)
+    tw = nm.TorchWeights(np.ascontiguousarray(w.bits.T), fmt, w.scales.transpose(),
+                         None if w.offsets is None else w.offsets.transpose())
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        layer = nm.Linear(tw, pack=pack)
+        y = layer(x)  # the kernels' grid is made by now either way
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    grid, _, _ = layer.weights.kernel_scales()
+    float32_copy = (k // 32) * n * 4 * (2 if w.offsets is not None else 1)
+    extra = kept - layer.weights.bits.nbytes - grid.nbytes - y.nbytes
+    assert extra < float32_copy // 4, (extra, float32_copy)
+    assert_same_bits(layer.weights.decode(), np.ascontiguousarray(tw.decode().T))
+    assert_same_bits(y, nm.matmul(x, w))
+    with use_provider("numpy"):
+        assert_same_bits(layer(x), y)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_the_weights_are_the_formula_so_the_chain_is_the_only_other_rounding(fmt):
     """q * d and (q - 8) * d are exact in float32, and fma(q, d, m) one rounding of the exact
     value (q * d is exact too, so d * q + m unfused, as gguf.quants computes it, is the same

@@ -125,10 +125,12 @@ class GridScales(Scales):
     """Scales (or offsets) read from a kernels' grid (:meth:`Weights.kernel_scales`' form,
     row-major or sliver-major, float16 or float32, times ``2**scale_exponent``) each time
     ``values`` is asked for, never kept: what a layer that stores only that grid
-    (``narrowmm.torch.Linear``) hands the weights it computes with. The native kernels read
-    the grid itself; the float32 grid the checks, the NumPy and reference providers and
-    :meth:`decode` read is made for them and dropped, so a layer does not hold a second,
-    float32 copy of its scales beside the kernels' (a third of a 4-bit GGUF file's bytes).
+    (``narrowmm.torch.Linear``) hands the weights it computes with, and what weights made
+    from a checkpoint's ``TorchWeights`` hold (:meth:`_ScaledMatrix.keep_kernel_scales_only`).
+    The native kernels read the grid itself; the float32 grid the checks, the NumPy and
+    reference providers and :meth:`decode` read is made for them and dropped, so the weights
+    do not hold a second, float32 copy of their scales beside the kernels' (a third of a
+    4-bit GGUF file's bytes).
 
     Args:
         grid: the kernels' grid, ``parts`` grids stacked (the scales, then the offsets).
@@ -278,6 +280,22 @@ class _ScaledMatrix:
         grids = 2 if self.format.offsets else 1
         ld = grid.shape[1] if grid.ndim == 2 else grid.shape[0] // grids * grid.shape[2]
         self._kernel_scales.preset(grid, bk, finite, ld)
+
+    def keep_kernel_scales_only(self) -> None:
+        """Make the kernels' form of the scales now (:meth:`kernel_scales`) and read the
+        Scales from it from then on (:class:`GridScales`), dropping the float32 ones: for
+        weights that hold a copy of their own (``TorchWeights.transpose`` and ``pack``
+        transpose the caller's), so that they keep one copy, the kernels'. Only for blocks
+        of rows one column wide (GGUF's, block ``(bk, 1)``), whose kernels' grid holds the
+        same values (times 2^r; float16 when exact, for packed weights), nothing more."""
+        if self.scales is None or self.scales.block[0] == 0 or self.scales.block[1] != 1:
+            return
+        grid, bk, _ = self.kernel_scales()
+        parts = 2 if self.offsets is not None else 1
+        n, r = self.shape[1], self.format.scale_exponent
+        self.scales = GridScales(grid, 0, parts, n, bk, r)
+        if self.offsets is not None:
+            self.offsets = GridScales(grid, 1, parts, n, bk)
 
     def provider_scales(self) -> tuple[np.ndarray, int] | None:
         """The scales as the NumPy and reference providers take them: the grid
@@ -751,18 +769,24 @@ class TorchWeights:
         return None if self.offsets is None else self.offsets.transpose()
 
     def transpose(self) -> Weights:
-        """narrowmm's ``(in_features, out_features)`` :class:`Weights`: a transposed copy."""
-        return Weights.from_bits(np.ascontiguousarray(self.bits.T), self.format,
-                                 self._kn_scales(), self._kn_offsets())
+        """narrowmm's ``(in_features, out_features)`` :class:`Weights`: a transposed copy
+        (GGUF's scales: held once, in the kernels' form, read as :class:`GridScales`)."""
+        w = Weights.from_bits(np.ascontiguousarray(self.bits.T), self.format,
+                              self._kn_scales(), self._kn_offsets())
+        w.keep_kernel_scales_only()
+        return w
 
     def pack(self) -> PackedWeights:
         """The native ISA row's packed layout (:meth:`Weights.pack`), built straight from
-        this layout: no intermediate transposed copy."""
+        this layout: no intermediate transposed copy (GGUF's scales: held once, in the
+        kernels' form, read as :class:`GridScales`)."""
 
         c = checked_core()
-        return PackedWeights(pack_slivers(self.bits.T, int(c.pack_width(self.format.code))),
-                             self.out_features, self.format, c.isa(), self._kn_scales(),
-                             self._kn_offsets())
+        w = PackedWeights(pack_slivers(self.bits.T, int(c.pack_width(self.format.code))),
+                          self.out_features, self.format, c.isa(), self._kn_scales(),
+                          self._kn_offsets())
+        w.keep_kernel_scales_only()
+        return w
 
     def decode(self) -> np.ndarray:
         """The exact float32 weights as a new ``(out_features, in_features)`` array (scales,
