@@ -182,6 +182,27 @@ def test_a_q5_1_file_runs_as_q5_1_layers_within_float32_rounding_of_pytorch(tmp_
     assert 0 < diff < 1e-4
 
 
+def test_loading_shows_a_bar_that_transformers_switch_silences(tmp_path, capsys):
+    """from_gguf shows a bar over the tensors it converts on stderr, as transformers' own
+    loads do, and transformers.utils.logging.disable_progress_bar() silences it too."""
+    from transformers.utils import logging
+
+    path = write_llama(tmp_path / "bar.gguf", "q8_0", hidden=64, layers=2, ffn=128, heads=4,
+                       kv_heads=2)
+    was = logging.is_progress_bar_enabled()
+    try:
+        logging.enable_progress_bar()
+        nmt.from_gguf(path, threads=False)
+        shown = capsys.readouterr().err
+        logging.disable_progress_bar()
+        nmt.from_gguf(path, threads=False)
+        silent = capsys.readouterr().err
+    finally:
+        (logging.enable_progress_bar if was else logging.disable_progress_bar)()
+    assert "narrowmm: bar.gguf's blocks" in shown and "tensor" in shown, shown
+    assert "narrowmm:" not in silent, silent
+
+
 @pytest.mark.parametrize("pack", [None, 1, "yes"])
 def test_pack_must_be_a_bool(pack):
     """pack=None chose a per-layer rule once; now anything but a bool is refused, naming

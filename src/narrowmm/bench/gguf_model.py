@@ -114,14 +114,21 @@ def build_systems(path: Path, progress: Any) -> dict[str, Any]:
 
     folder, name = os.path.split(os.path.abspath(path))
     progress("loading the file into narrowmm (its blocks) and transformers (float32)...")
-    invariant = nmt.from_gguf(path, batch_invariant=True, threads=False)
-    f32 = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                            dtype=torch.float32).eval()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # the line above says it; not in a log
+    try:
+        invariant = nmt.from_gguf(path, batch_invariant=True, threads=False)
+        f32 = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                                dtype=torch.float32).eval()
+        linear = nmt.from_gguf(path, threads=False)
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     bf16 = nmt.convert(copy.deepcopy(f32), "bf16", batch_invariant=True, threads=False)
     systems: dict[str, Any] = {
         "narrowmm decoder": nmt.Decoder(invariant),
         "narrowmm invariant": invariant,
-        "narrowmm linear": nmt.from_gguf(path, threads=False),
+        "narrowmm linear": linear,
         "torch f32": f32,
         "narrowmm decoder bf16": nmt.Decoder(bf16),
         "narrowmm invariant bf16": bf16,
