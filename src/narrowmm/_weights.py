@@ -156,8 +156,8 @@ class GridScales(Scales):
         grid, part, parts, n = self._grid, self._part, self._parts, self._n
         count = grid.shape[0] // parts
         mine = grid[part * count:(part + 1) * count]
-        if grid.ndim == 3:  # (slivers, blocks, width): rows of blocks, slivers side by side
-            mine = np.ascontiguousarray(mine.transpose(1, 0, 2)).reshape(grid.shape[1], -1)
+        if grid.ndim == 3:  # sliver-major (slivers, blocks, width)
+            mine = row_major(mine, 1)
         out = np.array(mine[:, :n], dtype=np.float32)  # float16 grids: exact
         if part == 0 and self._scale_exponent:
             out *= np.float32(2.0 ** -self._scale_exponent)  # exact

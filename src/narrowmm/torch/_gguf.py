@@ -196,31 +196,31 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     # the long part of a large file's load (about 5 s of the 1B-shaped Q4_0 file's 10 on a
     # Zen 3): a bar as transformers' own loads show, and silenced by the same switch
     # (transformers.utils.logging.disable_progress_bar)
-    bar = transformers.utils.logging.tqdm(total=len(linears) + len(embeddings), unit="tensor",
-                                          desc=f"narrowmm: {name}'s blocks", leave=False)
-    for module_name, names in linears.items():
-        _replace(model, module_name,
-                 _linear(f, names, modules[module_name], processor, path, arch, pack))
-        bar.update(1)
-    lm_head = getattr(model, "lm_head", None)
-    if isinstance(lm_head, torch.nn.Linear):  # tied to the embedding: its narrow blocks
-        embedding = next((g for g, h in hf_names.items()
-                          if h.endswith("embed_tokens.weight") and g in f.info), None)
-        if embedding is None or not getattr(config, "tie_word_embeddings", False):
-            raise ValueError(f"{path}: no output layer and no tied embedding to use for it")
-        tied = f[embedding]
-        model.lm_head = Linear.from_weights(tied, pack=pack)
-        for module_name, gguf_name in list(embeddings.items()):
-            if gguf_name == embedding and not (model.lm_head.format.scaled
-                                               and model.lm_head.format.scale_exponent):
-                # the table is the output layer's blocks: looked up there, not held twice
-                _replace(model, module_name, Embedding.tied_to(model.lm_head))
-                del embeddings[module_name]
-                bar.update(1)
-    for module_name, gguf_name in embeddings.items():
-        _replace(model, module_name, Embedding.from_weights(f[gguf_name]))
-        bar.update(1)
-    bar.close()
+    tensors = len(linears) + len(embeddings)
+    with transformers.utils.logging.tqdm(total=tensors, unit="tensor", leave=False,
+                                         desc=f"narrowmm: {name}'s blocks") as bar:
+        for module_name, names in linears.items():
+            _replace(model, module_name,
+                     _linear(f, names, modules[module_name], processor, path, arch, pack))
+            bar.update(1)
+        lm_head = getattr(model, "lm_head", None)
+        if isinstance(lm_head, torch.nn.Linear):  # tied to the embedding: its narrow blocks
+            embedding = next((g for g, h in hf_names.items()
+                              if h.endswith("embed_tokens.weight") and g in f.info), None)
+            if embedding is None or not getattr(config, "tie_word_embeddings", False):
+                raise ValueError(f"{path}: no output layer and no tied embedding to use for it")
+            tied = f[embedding]
+            model.lm_head = Linear.from_weights(tied, pack=pack)
+            for module_name, gguf_name in list(embeddings.items()):
+                if gguf_name == embedding and not (model.lm_head.format.scaled
+                                                   and model.lm_head.format.scale_exponent):
+                    # the table is the output layer's blocks: looked up there, not held twice
+                    _replace(model, module_name, Embedding.tied_to(model.lm_head))
+                    del embeddings[module_name]
+                    bar.update(1)
+        for module_name, gguf_name in embeddings.items():
+            _replace(model, module_name, Embedding.from_weights(f[gguf_name]))
+            bar.update(1)
     _materialise_buffers(model, config)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
