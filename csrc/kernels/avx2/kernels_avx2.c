@@ -19,6 +19,10 @@
  * walks read one stream of weights for four slivers (nm_pack_width; docs/kernels.md,
  * "Groups of slivers") */
 #define PACK_WIDTH (4 * NR)
+/* the packed m <= 2 walks ask for the stored row this many bytes down their stream
+ * (NM_PACKED_GEMV_PREFETCH): on a Zen 3, 2048 ran 1.04-1.20x faster than none at m = 1 and
+ * as fast as 4096 or faster (docs/results/gemv-prefetch-zen3-2026-12-05.txt) */
+#define PACKED_GEMV_AHEAD 2048
 
 /* ---- loading 8 weights as float32 (B may sit at any byte address) ------------------- */
 
@@ -297,6 +301,7 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
             for (int64_t r = r0_; r < end_; ++r) {                                           \
                 __asm__("" : "+r"(op_)); /* a memory operand at every use: see above */      \
                 const uint8_t *row_ = b + r * ldb;                                           \
+                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
                 const __m256 al_ = _mm256_set1_ps(a[2 * r]), ah_ = _mm256_set1_ps(a[2 * r + 1]); \
                 _Pragma("GCC unroll 6") for (int w_ = 0; w_ < W_; ++w_) {                    \
                     __m256 lo_, hi_;                                                         \

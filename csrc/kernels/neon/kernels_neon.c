@@ -17,6 +17,8 @@
  * walks read one stream of weights for four slivers (nm_pack_width; docs/kernels.md,
  * "Groups of slivers") */
 #define PACK_WIDTH (4 * NR)
+/* no software prefetch in the packed m <= 2 walks (NM_PACKED_GEMV_PREFETCH): untimed here */
+#define PACKED_GEMV_AHEAD 0
 
 /* ---- loading 4 weights as float32 (B may sit at any byte address) ------------------- */
 

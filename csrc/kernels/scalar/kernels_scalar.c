@@ -37,6 +37,7 @@ NM_DEFINE_GEMV(gemv_q8_0_scalar, nm_load1_q8_0_raw(row + j) * s[j])
 /* packed weights of the byte formats: groups of two slivers side by side (nm_pack_width;
  * the SIMD rows take four: two here, so the tests meet another width) */
 #define PACK_WIDTH (2 * SCALAR_NR)
+#define PACKED_GEMV_AHEAD 0 /* the portable row: no hints in its packed walks */
 #define NO_PREFETCH(p) ((void)(p))
 
 /* Two rows at once, from the SIMD rows' template with one-float "vectors": the same chains. */
