@@ -287,8 +287,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * (both lines of a row of up to 128 bytes, which may straddle two), on the rows whose folder
  * sets PACKED_GEMV_AHEAD; 0 leaves the stream to the hardware prefetchers. The walks issue
  * few loads per byte for the decode's many operations, so few misses are in flight at once:
- * on an AMD Zen 3 (avx2 row, 2048 bytes ahead) Q8_0 ran 1.13-1.20x, Q4_1 1.06-1.07x, Q4_0
- * 1.04x at m = 1 on one thread, more at two (docs/kernels.md). */
+ * on an AMD Zen 3 (avx2 row, 2048 bytes ahead) Q8_0 ran 1.13-1.15x, Q4_1 1.05-1.08x, Q4_0
+ * 1.04-1.05x at m = 1 on one thread, up to 1.21x at two (docs/kernels.md). */
 #define NM_PACKED_GEMV_PREFETCH(row, ldb)                                                     \
     do {                                                                                     \
         if (PACKED_GEMV_AHEAD) {                                                             \

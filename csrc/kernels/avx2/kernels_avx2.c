@@ -20,8 +20,8 @@
  * "Groups of slivers") */
 #define PACK_WIDTH (4 * NR)
 /* the packed m <= 2 walks ask for the stored row this many bytes down their stream
- * (NM_PACKED_GEMV_PREFETCH): on a Zen 3, 2048 ran 1.04-1.20x faster than none at m = 1 and
- * as fast as 4096 or faster (docs/results/gemv-prefetch-zen3-2026-12-05.txt) */
+ * (NM_PACKED_GEMV_PREFETCH): on a Zen 3, 2048 ran 1.04-1.21x faster than none, and as fast
+ * as 4096 or faster (docs/results/gemv-prefetch-zen3-2026-12-05.txt) */
 #define PACKED_GEMV_AHEAD 2048
 
 /* ---- loading 8 weights as float32 (B may sit at any byte address) ------------------- */
