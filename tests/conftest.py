@@ -141,3 +141,21 @@ def restore_torch_threads():
     yield
     torch.set_num_threads(torch_before)
     nm.set_num_threads(nm_before)
+
+
+# a block of 256 weights, in bytes, of the types whose scales are d * (a small integer)
+K_BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210,
+                 "IQ4_XS": 136}
+
+
+def k_type_weights(type_name: str, k: int, n: int, seed: int):
+    """``n`` rows of ``k`` random GGUF ``type_name`` blocks, their fp16 fields finite (d of
+    either sign), as the ``TorchWeights`` a file's tensor loads as."""
+    from narrowmm.checkpoints import _gguf_blocks
+
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n, k // 256, K_BLOCK_BYTES[type_name]), dtype=np.uint8)
+    for at in _gguf_blocks.FP16_FIELDS[type_name]:
+        d = rng.uniform(1e-3, 0.1, blocks.shape[:2]) * rng.choice([-1.0, 1.0], blocks.shape[:2])
+        blocks[:, :, at:at + 2] = d.astype(np.float16)[..., None].view(np.uint8)
+    return _gguf_blocks.as_torch_weights(_gguf_blocks.convert(type_name, blocks))

@@ -27,7 +27,7 @@ import pytest
 from conftest import assert_same_bits
 
 import narrowmm as nm
-from narrowmm._weights import pack_slivers, sliver_major
+from narrowmm._weights import factored_grid, factored_sliver_major, pack_slivers, sliver_major
 from narrowmm.providers.native import use_isa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,11 +243,14 @@ def test_every_weight_pattern_through_the_packed_layout(emulator, m):
 def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads: int,
              finite: bool, pad: int = 0, b_offset: int = 0, bits: np.ndarray | None = None,
              scales: nm.Scales | None = None, packed_layout: bool = False,
-             half: bool = False):
+             half: bool = False, per_super: int = 0):
     """An FP8 job with a random block grid of scales (or the given ones) in the kernels'
     form, and the scalar row's answer. finite: NaN/Inf codes replaced by zero, and the
     finite-weights kernels asked for. half (the GGUF formats): the random scales and offsets
-    rounded to binary16, which the kernels then take as a float16 grid."""
+    rounded to binary16, which the kernels then take as a float16 grid. per_super > 1 (the
+    K types): scales (and offsets) a binary16 factor per per_super blocks times an int8
+    code, which the kernels take as a factored grid (nm_scales.c8), in blocks of 4 rows
+    (8 for the 4-bit formats)."""
     f = nm.get_format(fmt)
     ldb = n + pad
     k += k % f.kpack  # the 4-bit formats: two rows a byte
@@ -260,7 +263,16 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
     if f.code_bits:  # Q5_1: its codes, 0 to 31 (the API refuses the other bytes)
         raw = raw & np.uint8((1 << f.code_bits) - 1)
     offsets = None
-    if scales is None:
+    if scales is None and per_super > 1:
+        bk = 4 * f.kpack
+        supers = -(-k // bk) // per_super
+        parts = []
+        for _ in range(2 if f.offsets else 1):
+            d = rng.uniform(-2.0**-8, 2.0**-8, (supers, 1, n)).astype(np.float16).astype(np.float32)
+            codes = rng.integers(-128, 128, (supers, per_super, n)).astype(np.float32)
+            parts.append(nm.Scales((d * codes).reshape(supers * per_super, n), (bk, 1)))
+        scales, offsets = parts[0], parts[1] if f.offsets else None
+    elif scales is None:
         bk = int(rng.choice([1, 4, 128, 10**9])) * f.kpack
         grid = rng.uniform(0.5, 2.0, (max(1, -(-k // bk)), n)).astype(np.float32) * 2.0**-10
         scales = nm.Scales(grid, (bk if bk <= k else 0, 1))
@@ -286,17 +298,27 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
     assert is_finite == finite or not finite
     if half:  # row-major Weights keep float32 grids; the kernels take float16 ones too
         grid = grid.astype(np.float16)  # exact: binary16 values
+    grids = 2 if f.offsets else 1
+    if per_super > 1:
+        grid = factored_grid(grid, grids, per_super)
+        assert grid is not None
     job = dict(op=EMU_MATMUL, fmt=FMT[fmt], m=m, n=n, k=k, lda=k + pad, ldb=ldb, ldc=n + pad,
                accumulate=int(accumulate), threads=threads, a=x.tobytes(), b=raw.tobytes(),
                c=window.tobytes(), c_size=window.nbytes, b_offset=b_offset, s=grid.tobytes(),
                s_ld=grid.shape[1], s_bk=bk, s_finite=int(finite),
-               s_half=int(grid.dtype == np.float16))
+               s_half=int(grid.dtype == np.float16), s_per_super=per_super)
     if packed_layout:
         slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_PACK_WIDTH)
         job = dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0)
-        if rng.integers(2):  # the grid group-major, as packed weights give it (nm_scales.lsl)
-            grids = 2 if f.offsets else 1
-            cols = slivers.shape[0] * AVX512_PACK_WIDTH
+        cols = slivers.shape[0] * AVX512_PACK_WIDTH
+        if per_super > 1 and rng.integers(2):  # factored, group-major, as packed weights keep it
+            sm = factored_sliver_major(grid, grids, -(-k // bk), AVX512_PACK_WIDTH)
+            groups = cols // AVX512_PACK_WIDTH  # n's groups only: the offsets' groups follow
+            sm = np.ascontiguousarray(sm.reshape(grids, -1, *sm.shape[1:])[:, :groups])
+            sm = sm.reshape(grids * groups, *sm.shape[2:])
+            job = dict(job, s=sm.tobytes(), s_ld=AVX512_PACK_WIDTH,
+                       s_lsl=sm.shape[1] * AVX512_PACK_WIDTH)
+        elif per_super <= 1 and rng.integers(2):  # group-major (nm_scales.lsl)
             sm = sliver_major(grid[:, :cols], grids, AVX512_PACK_WIDTH)
             job = dict(job, s=sm.tobytes(), s_ld=AVX512_PACK_WIDTH,
                        s_lsl=sm.shape[1] * AVX512_PACK_WIDTH)
@@ -336,6 +358,26 @@ def test_binary16_scale_grids_equal_the_scalar_row(emulator, fmt):
                       finite=False, pad=int(rng.choice([0, 5])), packed_layout=packed,
                       half=True)
              for m in (1, 2, 3, 4, 9) for n in (15, 32, 33, 97, 200) for packed in (False, True)]
+    check_matmul(run(emulator, [c[0] for c in cases]), cases)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q5_1"])
+def test_factored_scale_grids_equal_the_scalar_row(emulator, fmt):
+    """The K types' forms on factored grids (nm_scales.c8: int8 codes, a float32 factor per
+    super-block; the frame multiplies them out with the row's widen_factored), row-major and
+    packed (row-major or group-major grids), m = 1, 2, 3 and 9, k past the m <= 2 walks'
+    chunks of 512 rows."""
+    rng = np.random.default_rng(60 + FMT[fmt])
+    kpack = nm.get_format(fmt).kpack
+    cases = []
+    for m in (1, 2, 3, 9):
+        for n in (15, 33, 200):
+            per_super = int(rng.choice([2, 4, 8]))
+            k = 4 * kpack * per_super * int(rng.choice([1, 3, 20]))
+            cases.append(fp8_case(rng, fmt, m, n, k, accumulate=bool(rng.integers(2)),
+                                  threads=int(rng.choice([1, 2, 7])), finite=False,
+                                  pad=int(rng.choice([0, 5])), packed_layout=bool(rng.integers(2)),
+                                  per_super=per_super))
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 

@@ -27,8 +27,16 @@ def test_info_json_schema():
     for k in info["kernels"]:
         assert k["provider"] == "native"
         assert k["kernel"].replace("(m=1)", "").strip()
-    # the row's own SiLU, or the portable one it inherits (neon has none of its own)
+    # the row's own SiLU, or the portable one it inherits (neon has none of its own); so for
+    # the loop that multiplies out the K types' factored scales
     assert info["model_ops"]["silu"] in (f"silu_{info['isa']}", "silu_scalar")
+    assert info["factored_scales"] in (f"widen_factored_{info['isa']}", "widen_factored_scalar")
+    # the avx2 row's own m = 1 walks on factored grids (the others' frame multiplies out)
+    fused = {k["format"]: k.get("factored_scale_kernel") for k in info["kernels"]
+             if k["op"] == "matmul"}
+    want = {"q4_1": "gemv_packed_q4_1_factored_avx2 (m=1)",
+            "q8_0": "gemv_packed_q8_0_factored_avx2 (m=1)"} if info["isa"] == "avx2" else {}
+    assert {f: v for f, v in fused.items() if v} == want
 
 
 def test_info_text(capsys):
@@ -36,6 +44,8 @@ def test_info_text(capsys):
     text = capsys.readouterr().out
     assert "isa:" in text and "matmul fp16 native" in " ".join(text.split())
     assert f"model ops: silu {nm.runtime_info()['model_ops']['silu']}, rms_norm" in text
+    assert (f"factored scales (the K types, packed): "
+            f"{nm.runtime_info()['factored_scales']}") in text
 
 
 def test_cpu_model_names_the_x86_family_and_model(tmp_path):

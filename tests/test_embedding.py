@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ISAS, assert_same_bits, require
+from conftest import ISAS, assert_same_bits, k_type_weights, require
 
 torch = require("torch")
 require("transformers")
@@ -191,6 +191,30 @@ def test_the_decoder_reads_a_tied_table_from_the_output_layer_on_every_row(fmt):
                 dec.reset(1, len(prompt))
                 got = dec.step(np.array([prompt]), np.arange(len(prompt))[None], np.array([0]))
                 assert torch.equal(got[0], want), (isa, pack)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_a_table_tied_to_a_k_type_layer_reads_its_factored_grid(type_name):
+    """A K-type output layer, packed, keeps a factored grid (int8 codes, a float32 factor
+    per 256 rows): the table tied to it reads its rows through that grid, in the module
+    (NumPy) and in the Decoder's C step on every row, the bits of the table decoded."""
+    w = k_type_weights(type_name, CONFIG.hidden_size, CONFIG.vocab_size, seed=5)
+    full = w.decode()
+    for isa in ISAS:
+        with use_isa(isa):
+            model = nmt.convert(inv.random_llama(CONFIG, torch.float32, seed=4), "bf16",
+                                batch_invariant=True, threads=False).float()
+            model.lm_head = nmt.Linear.from_weights(w, pack=True)
+            assert model.lm_head.weight_scales.dtype == torch.int8
+            model.model.embed_tokens = nmt.Embedding.tied_to(model.lm_head)
+            ids = torch.tensor([[0, 3, 999], [4, 500, 31]])
+            assert_same_bits(model.model.embed_tokens(ids).numpy(), full[ids.numpy()])
+            prompt = PROMPTS[1]
+            want = inv.prompt_logits(model, [prompt])[0][-1]
+            dec = nmt.Decoder(model)
+            dec.reset(1, len(prompt))
+            got = dec.step(np.array([prompt]), np.arange(len(prompt))[None], np.array([0]))
+            assert torch.equal(got[0], want), isa
 
 
 def test_a_table_tied_elsewhere_or_to_an_fp8_layer_is_refused():

@@ -15,7 +15,13 @@ import math
 
 import numpy as np
 import pytest
-from conftest import assert_oracle_bits_on_every_path, assert_same_bits, require
+from conftest import (
+    K_BLOCK_BYTES,
+    assert_oracle_bits_on_every_path,
+    assert_same_bits,
+    k_type_weights,
+    require,
+)
 
 import narrowmm as nm
 from narrowmm.providers import use_provider
@@ -460,10 +466,11 @@ def test_torch_layer_keeps_its_binary16_grid_through_dtype_casts():
 
 
 def test_torch_layer_keeps_its_float32_grid_through_dtype_casts():
-    """A float32 grid (Q4_K's exact d * sc, FP8's scales) is stored as its int32 bits:
-    module.half() and .to(bfloat16), which would round a float32 buffer, leave it alone,
-    and the layer gives its bits (rounded back to the input's dtype) after them. Before,
-    half() made Q4_K's grid float16 and the weights silently wrong."""
+    """A float32 grid (Q4_K's exact d * sc row-major, FP8's scales) is stored as its int32
+    bits, a factored one (Q4_K's, packed) as its int8 array: module.half() and
+    .to(bfloat16), which would round a float32 buffer, leave either alone, and the layer
+    gives its bits (rounded back to the input's dtype) after them. Before, half() made
+    Q4_K's grid float16 and the weights silently wrong."""
     torch = require("torch")
     import narrowmm.torch as nmt
     from narrowmm.checkpoints import _gguf_blocks
@@ -476,14 +483,14 @@ def test_torch_layer_keeps_its_float32_grid_through_dtype_casts():
     layers = [nmt.Linear.from_weights(q4_k, pack=pack) for pack in (True, False)]
     layers.append(nmt.Linear.from_torch(torch.nn.Linear(256, 40, bias=False), "e4m3fn"))
     x = torch.randn(3, 256).half().float()  # float16 values: the half layer's input
-    for layer in layers:
-        assert layer.weight_scales.dtype == torch.int32
+    for layer, stored in zip(layers, (torch.int8, torch.int32, torch.int32), strict=True):
+        assert layer.weight_scales.dtype == stored
         with torch.inference_mode():
             want = layer(x)
             for cast in (torch.nn.Module.half, lambda m: m.to(torch.bfloat16),
                          torch.nn.Module.float):
                 cast(layer)
-                assert layer.weight_scales.dtype == torch.int32
+                assert layer.weight_scales.dtype == stored
                 assert_same_bits(layer(x).numpy(), want.numpy())
             layer.half()
             assert torch.equal(layer(x.half()), want.half())
@@ -585,3 +592,145 @@ def test_packed_grids_are_sliver_major_and_give_the_row_major_bits(isa, fmt, bk,
                                 np.ascontiguousarray(bad), bk, finite)
         with pytest.raises(TypeError, match="2-D"):  # row-major weights: a 2-D grid only
             c.matmul(f.code, x[:1], w.bits, out, False, got, bk, finite)
+
+
+# ---- factored grids: GGUF's K types on packed weights ------------------------------------
+
+@pytest.mark.parametrize("type_name", sorted(K_BLOCK_BYTES))
+def test_k_types_packed_keep_a_factored_grid_and_the_oracle_bits(type_name, isa):
+    """Packed weights of the K types (d * sc per block: no binary16 numbers) keep their
+    scales as an int8 code a block and a float32 factor per 256 rows (factored_grid, then
+    sliver-major as their codes): a
+    Q4_K weight 0.59 bytes where a float32 grid made it 0.75, a Q6_K one 1.08 where it was
+    1.25. The frame multiplies the codes out for the kernels; the weights are the same, so
+    are the bits: against the reference oracle, at m = 1, 2, 5 and 16, on 1 and 2 threads,
+    from TorchWeights.pack() (what from_gguf holds) and Weights.pack()."""
+    k, n = 1280, 72  # k past two of the walks' chunks of NM_FACTORED_CHUNK_ROWS
+    tw = k_type_weights(type_name, k, n, seed=sum(map(ord, type_name)))
+    w = tw.transpose()
+    packed = tw.pack()
+    grid, bk, _ = packed.kernel_scales()  # sliver-major: (parts * slivers, rows, width)
+    assert grid.dtype == np.int8 and grid.ndim == 3 and grid.ctypes.data % 64 == 0
+    parts = 2 if w.format.offsets else 1
+    per_weight = grid.nbytes / (k * grid.shape[0] // parts * grid.shape[2])
+    assert per_weight == parts * (4 / 256 + 1 / bk)  # a float per 256 rows, a byte per block
+    float32 = w.kernel_scales()[0]
+    assert float32.dtype == np.float32 and float32.nbytes / (k * n) == parts * 4 / bk
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    with use_provider("reference"):  # the pure-Python chain, on two rows (it is slow)
+        oracle = nm.matmul(x[:2], w)
+    before = nm.get_num_threads()
+    try:
+        for threads in (1, 2):
+            nm.set_num_threads(threads)
+            for m in (1, 2, 5, 16):
+                with use_provider("numpy"):  # the same chain, as the oracle's bits show
+                    want = nm.matmul(x[:m], w)
+                assert_same_bits(want[:2], oracle[:min(m, 2)])
+                assert_same_bits(nm.matmul(x[:m], packed), want)
+                assert_same_bits(nm.matmul(x[:m], w.pack()), want)
+                assert_same_bits(nm.matmul(x[:m], w), want)
+    finally:
+        nm.set_num_threads(before)
+
+
+def factor_cases(rng):
+    """(grid, grids, per_super) whose values all factor: Q4_K-like d * sc with mins below,
+    Q6_K-like d * int8 with -128 codes and d < 0, an all-zero super-block, -0s under d < 0."""
+    d = rng.uniform(1e-3, 1e-1, (2, 3, 1, 40)).astype(np.float16).astype(np.float32)
+    yield (d * rng.integers(0, 64, (2, 3, 8, 40))).astype(np.float32).reshape(48, 40), 2, 8
+    d6 = rng.uniform(-1e-3, 1e-3, (1, 2, 1, 40)).astype(np.float16).astype(np.float32)
+    q = rng.integers(-128, 128, (1, 2, 16, 40))
+    q[:, :, 0, :3] = -128
+    yield (d6 * q).astype(np.float32).reshape(32, 40), 1, 16
+    zero = (d * rng.integers(1, 64, (2, 3, 8, 40))).astype(np.float32)
+    zero[0, 1] = 0.0
+    zero[1, 2, :, 5] = -0.0
+    yield zero.reshape(48, 40), 2, 8
+
+
+def test_factored_grid_is_the_grid_bit_for_bit_or_none():
+    """factored_grid keeps a grid only as factors and codes whose float32 product is each
+    value, its bits (a -0 too); anything else gets None and stays float32."""
+    from narrowmm._weights import factored_grid, factored_values
+
+    rng = np.random.default_rng(11)
+    for grid, grids, per_super in factor_cases(rng):
+        f = factored_grid(grid, grids, per_super)
+        assert f is not None and f.dtype == np.int8 and f.ctypes.data % 64 == 0
+        assert_same_bits(factored_values(f, grids, grid.shape[0] // grids), grid)
+        cols = np.array([3, 0, 5, 39])
+        assert_same_bits(factored_values(f, grids, grid.shape[0] // grids, cols), grid[:, cols])
+    grid, grids, per_super = next(factor_cases(np.random.default_rng(11)))
+    for bad in (np.float32(1.2345678), np.float32(np.inf)):  # 24 significant bits; no number
+        g = grid.copy()
+        g[9, 4] = bad
+        assert factored_grid(g, grids, per_super) is None
+    g = grid.copy()
+    g[0, 4], g[1, 4] = 0.0, -0.0  # both zeros' signs in one super-block: no factor's sign
+    assert factored_grid(g, grids, per_super) is None
+    g = grid.copy()
+    g[0, 4], g[1, 4] = 1.0, 1.0 + 2.0 ** -10  # codes 1024 and 1025 apart: past int8
+    assert factored_grid(g, grids, per_super) is None
+    assert factored_grid(grid[:40], grids, per_super) is None  # blocks no multiple of 8
+    assert factored_grid(grid, grids, 1) is None
+
+
+def test_factored_grids_refuse_shapes_that_do_not_cover_k():
+    """The binding's checks of an int8 grid: float-aligned, 2-D (or 3-D for packed
+    weights), its rows grids * (4 * supers + blocks) with blocks a multiple of supers, at
+    least n columns: a ValueError naming the shape it wanted, never a read past the
+    array."""
+    from narrowmm._weights import factored_grid
+
+    c = core()
+    rng = np.random.default_rng(12)
+    grid, grids, per_super = next(factor_cases(rng))  # q4_1-shaped: 2 grids, 24 blocks
+    f = factored_grid(grid, grids, per_super)
+    k, n = 24 * 32, 40
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    q = rng.integers(0, 256, (k // 2, n), dtype=np.uint8)
+    out = np.empty((1, n), np.float32)
+    code = nm.get_format("q4_1").code
+    c.matmul(code, x, q, out, False, f, 32, True)
+    with use_provider("numpy"):
+        want = nm.matmul(x, nm.Weights.from_bits(q, "q4_1", nm.Scales.blocks(grid[:24], (32, 1)),
+                                                 nm.Scales.blocks(grid[24:], (32, 1))))
+    assert_same_bits(out, want)
+    for bad, bk in ((f[:-1], 32), (f, 128), (f, 16), (f.reshape(-1), 32),
+                    (np.zeros((2 * (4 * 5 + 24), n), np.int8), 32)):  # 24 blocks, 5 supers
+        blocks = -(-k // bk)
+        with pytest.raises(ValueError, match=r"a factored \(int8\) grid must be float-aligned, "
+                                             rf"2-D \(2 \* \(4 \* supers \+ {blocks}\), >= 40\), "):
+            c.matmul(code, x, q, out, False, bad, bk, True)
+    wide = np.zeros((k // 2, n + 8), np.uint8)  # more columns than the grid holds
+    with pytest.raises(ValueError, match=r">= 48\), .*got 2-D, shape \(72, 40, ...\)"):
+        c.matmul(code, x, wide, np.empty((1, n + 8), np.float32), False, f, 32, True)
+    raw = np.zeros(f.size + 1, np.int8)[1:].reshape(f.shape)  # off a float's alignment
+    with pytest.raises(ValueError, match="float-aligned"):
+        c.matmul(code, x, q, out, False, raw, 32, True)
+
+
+def test_factored_scales_can_be_turned_off_by_name(monkeypatch):
+    """NARROWMM_FACTORED_SCALES=0 keeps the K types' float32 grids (more bytes, the same
+    bits); any value but 0 or 1 is refused by name when a grid is made, and shown by
+    narrowmm's runtime report without breaking it."""
+    tw = k_type_weights("Q4_K", 256, 40, seed=2)
+    x = np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32)
+    want = nm.matmul(x, tw.transpose())
+    monkeypatch.setenv("NARROWMM_FACTORED_SCALES", "0")
+    packed = tw.pack()
+    assert packed.kernel_scales()[0].dtype == np.float32
+    assert_same_bits(nm.matmul(x, packed), want)
+    assert nm.runtime_info()["factored_scales_enabled"] is False
+    monkeypatch.setenv("NARROWMM_FACTORED_SCALES", "yes")
+    with pytest.raises(nm.EnvironmentVariableError, match="NARROWMM_FACTORED_SCALES must be 1"):
+        tw.pack()
+    info = nm.runtime_info()
+    assert info["factored_scales_enabled"] is None
+    assert "NARROWMM_FACTORED_SCALES" in info["environment_problems"]
+    monkeypatch.setenv("NARROWMM_FACTORED_SCALES", "1")
+    assert tw.pack().kernel_scales()[0].dtype == np.int8
+    assert nm.runtime_info()["factored_scales_enabled"] is True
+    assert "NARROWMM_FACTORED_SCALES" not in nm.runtime_info()["environment_problems"]

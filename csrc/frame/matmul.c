@@ -72,6 +72,11 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * slowest (Zen 4, docs/kernels.md), so it went. */
 #define NM_BLOCKED_GEMV_SLIVERS 8
 #define NM_GEMV_SLIVERS 4
+/* Packed weights under a factored grid (nm_scales.c8) run the m <= 2 walks this many rows of
+ * k a call, their blocks of scales multiplied out first into a buffer the walk then reads
+ * from L1 (at most 2 x 16 blocks x 8 slivers of 32 columns, 32 KiB, at bk = 32). From 256 to
+ * 4096 rows the Q4_K gemv's time moved by 1-3 % on a Zen 3 (docs/kernels.md). */
+#define NM_FACTORED_CHUNK_ROWS 512
 /* Below this many multiply-adds a call runs on the calling thread: waking workers would
  * cost more than it saves. */
 #define NM_PARALLEL_MIN_WORK ((int64_t)1 << 18)
@@ -113,11 +118,16 @@ static const uint8_t *weights_at(const matmul_job *job, int64_t p, int64_t j, in
     return job->b + nm_packed_offset(job->k / kpack, width, itemsize, p / kpack, j);
 }
 
-/* Where the scales (offsets: 1) of columns j.. for rows in the block of row p are, in either
- * grid's width (nm_scales.s or s16), or NULL: for the prefetch hints. */
+/* Where the scales (offsets: 1) of columns j.. for rows in the block of row p are, in the
+ * grid's width (nm_scales.s, s16, or a factored grid's codes), or NULL: for the prefetch
+ * hints. */
 static const void *grid_at(const matmul_job *job, int offsets, int64_t p, int64_t j) {
     const nm_scales *sc = job->scales;
     const int64_t at = nm_grid_offset(sc, p / sc->bk, j);
+    if (nm_factored(sc)) {
+        const int8_t *g = offsets ? sc->oc8 : sc->c8;
+        return g ? g + at : NULL;
+    }
     if (sc->s16) {
         const uint16_t *g = offsets ? sc->o16 : sc->s16;
         return g ? g + at : NULL;
@@ -126,31 +136,60 @@ static const void *grid_at(const matmul_job *job, int offsets, int64_t p, int64_
     return g ? g + at : NULL;
 }
 
+/* Whether the slots that take float32 scales need the job's grid widened first (a binary16
+ * or a factored grid; the packed gemvs read a binary16 one as it is). */
+static int widened_grid(const nm_scales *sc) { return sc && (sc->s16 || nm_factored(sc)); }
+
+/* Columns j.. (w wide, in one group if group-major) of `blocks` blocks from block q0 of a
+ * factored grid's codes c and factors f, as float32 rows w apart in out: each code times its
+ * super-block's factor (one rounding, none for the grids the Python side makes), by the row's
+ * widen_factored. Block q + 1's codes are ld after block q's in either layout, and so are a
+ * super-block's factors after the one before. */
+static void widen_factored(const matmul_job *job, const int8_t *c, const float *f, int64_t q0,
+                           int64_t blocks, int64_t j, int64_t w, float *out) {
+    const nm_scales *sc = job->scales;
+    c += nm_grid_offset(sc, q0, j);
+    f += nm_factor_offset(sc, q0 / sc->per_super, j);
+    /* a super-block's blocks (the first and last perhaps in part) a call */
+    for (int64_t q = 0, rows; q < blocks; q += rows, f += sc->ld) {
+        rows = min64(blocks - q, sc->per_super - (q0 + q) % sc->per_super);
+        job->isa->widen_factored(c + q * sc->ld, sc->ld, f, rows, w, out + q * w);
+    }
+}
+
 /* The float32 scales and offsets of columns j.. (w wide) for the blocks of rows [p, pe), as
  * the slots that take float32 read them: *s and *o at the block of row p (NULL without
  * scales, or offsets), *lds from one block to the next. Those of a float32 grid are the
- * grid's own; a binary16 grid's rows are widened (exactly) into buf, which holds
- * 2 * scale_blocks(job, pe - p) * w floats. */
+ * grid's own; a binary16 grid's rows are widened (exactly) into buf, a factored grid's
+ * multiplied out there (widened_grid); buf holds 2 * scale_blocks(job, pe - p) * w
+ * floats. */
 static void float_scales(const matmul_job *job, int64_t p, int64_t pe, int64_t j, int64_t w,
                          float *buf, const float **s, const float **o, int64_t *lds) {
     const nm_scales *sc = job->scales;
     *s = *o = NULL;
     *lds = 0;
     if (!sc) return;
-    if (!sc->s16) {
+    if (!widened_grid(sc)) {
         *s = grid_at(job, 0, p, j);
         *o = grid_at(job, 1, p, j);
         *lds = sc->ld;
         return;
     }
     const int64_t q0 = p / sc->bk, blocks = (pe - 1) / sc->bk - q0 + 1;
-    const nm_decode_fn widen = job->isa->decode[NM_FMT_FP16];
-    for (int64_t q = 0; q < blocks; ++q) { /* w columns in one group if group-major */
-        widen(sc->s16 + nm_grid_offset(sc, q0 + q, j), buf + q * w, w);
-        if (sc->o16) widen(sc->o16 + nm_grid_offset(sc, q0 + q, j), buf + (blocks + q) * w, w);
+    const int offsets = sc->o16 || sc->oc8;
+    if (nm_factored(sc)) {
+        widen_factored(job, sc->c8, sc->fs, q0, blocks, j, w, buf);
+        if (offsets) widen_factored(job, sc->oc8, sc->ofs, q0, blocks, j, w, buf + blocks * w);
+    } else {
+        const nm_decode_fn widen = job->isa->decode[NM_FMT_FP16];
+        for (int64_t q = 0; q < blocks; ++q) { /* w columns in one group if group-major */
+            widen(sc->s16 + nm_grid_offset(sc, q0 + q, j), buf + q * w, w);
+            if (offsets)
+                widen(sc->o16 + nm_grid_offset(sc, q0 + q, j), buf + (blocks + q) * w, w);
+        }
     }
     *s = buf;
-    *o = sc->o16 ? buf + blocks * w : NULL;
+    *o = offsets ? buf + blocks * w : NULL;
     *lds = w;
 }
 
@@ -235,7 +274,7 @@ static void pack_a(int64_t m, int64_t kc, const float *a, int64_t lda, int64_t m
  * of it (a group-major grid). */
 static void prefetch_block_scales(const matmul_job *job, int64_t p, int64_t j, int64_t w) {
     const nm_scales *sc = job->scales;
-    const int64_t item = sc->s16 ? 2 : 4;
+    const int64_t item = nm_factored(sc) ? 1 : sc->s16 ? 2 : 4;
     for (int64_t t = j, run; t < j + w; t += run) {
         /* contiguous columns: to the end of t's group in a group-major grid */
         run = sc->lsl ? min64(j + w - t, sc->ld - t % sc->ld) : j + w - t;
@@ -349,8 +388,8 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     const size_t b_bytes = (size_t)(kc_max * nr) * sizeof(float);
     float *a_panel = aligned_alloc(64, (a_bytes + 63) / 64 * 64);
     float *sliver = aligned_alloc(64, (b_bytes + 63) / 64 * 64);
-    /* a binary16 grid's blocks of a k block, widened for ukernel_pack and pack */
-    const size_t s_bytes = job->scales && job->scales->s16
+    /* a binary16 or factored grid's blocks of a k block, widened for ukernel_pack and pack */
+    const size_t s_bytes = widened_grid(job->scales)
                                ? (size_t)(2 * scale_blocks(job, kc_max) * nr) * sizeof(float)
                                : 0;
     float *scale_buf = s_bytes ? aligned_alloc(64, (s_bytes + 63) / 64 * 64) : NULL;
@@ -455,6 +494,52 @@ static void row_range(int64_t m, int64_t mr, int part, int parts, int64_t *begin
     *end = min64(m, tiles * (part + 1) / parts * mr);
 }
 
+/* Rows [i0, i1) of C's columns jc.. (w wide, inside one group) on packed weights under a
+ * factored grid. One row, on a row with a walk of its own for such grids
+ * (gemv_packed_factored): one call through all of k. Else through the packed m <= 2 walks,
+ * k_chunk rows of k at a time, each chunk's blocks of scales multiplied out once (into
+ * scale_buf) for every pair of rows, which then reads the chunk's weights in turn (the pairs
+ * after the first from L1 or L2), C going to memory between chunks: on a Zen 3 the Q4_K gemv
+ * at m = 1 ran 0.85-0.87x the float32 grid's so, 0.97-0.99x on the avx2 walk (a prefetch of
+ * the next chunk's grid lines changed nothing: a group-major grid's runs are long enough
+ * for the hardware's). */
+static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64_t jc,
+                            int64_t w, int64_t k_chunk, int64_t slb, float *scale_buf) {
+    const nm_isa_kernels *isa = job->isa;
+    const nm_scales *sc = job->scales;
+    const int64_t bk = sc->bk;
+    const nm_gemv_packed_factored_fn fused = isa->gemv_packed_factored[job->fmt];
+    if (i1 - i0 == 1 && fused) { /* one row on a row with a walk of its own for the grid */
+        int64_t ldb;
+        const uint8_t *b = weights_at(job, 0, jc, &ldb);
+        const int64_t f_at = nm_factor_offset(sc, 0, jc), c_at = nm_grid_offset(sc, 0, jc);
+        fused(job->k, ldb, slb, w, job->a + i0 * job->lda, b, job->c + i0 * job->ldc + jc,
+              sc->c8 + c_at, sc->oc8 ? sc->oc8 + c_at : NULL, sc->fs + f_at,
+              sc->ofs ? sc->ofs + f_at : NULL, bk, sc->ld, sc->per_super);
+        return;
+    }
+    /* the walks read whole slivers' scales, the last one's padding too (ld covers them) */
+    const int64_t sw = (w + isa->nr - 1) / isa->nr * isa->nr;
+    for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) {
+        p1 = min64(job->k, p0 + k_chunk);
+        const float *s, *o;
+        int64_t lds;
+        float_scales(job, p0, p1, jc, sw, scale_buf, &s, &o, &lds);
+        int64_t ldb;
+        const uint8_t *b = weights_at(job, p0, jc, &ldb);
+        for (int64_t ir = i0, pair; ir < i1; ir += pair) {
+            pair = min64(2, i1 - ir);
+            const float *a = job->a + ir * job->lda + p0;
+            float *c = job->c + ir * job->ldc + jc;
+            if (pair == 1)
+                isa->gemv_packed[job->slot](p1 - p0, ldb, slb, w, a, b, c, s, o, bk, lds);
+            else
+                isa->gemv2_packed[job->slot](p1 - p0, ldb, slb, w, a, job->lda, b, c,
+                                             job->ldc, s, o, bk, lds);
+        }
+    }
+}
+
 /* The block of C of rows [i0, i1) and columns [j0, j1) (j0 a multiple of job_grain),
  * on the calling thread. */
 static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
@@ -482,9 +567,18 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                                   ? chunk_slivers * isa->nr
                                   : j1 - j0;
         /* a binary16 grid's block, widened for the row-major gemvs (the packed ones read it
-         * as it is) */
-        const int widen = job->scales && job->scales->s16 && !job->packed;
-        const size_t s_bytes = (size_t)(2 * chunk) * sizeof(float);
+         * as it is); a factored grid's blocks, multiplied out for either, on packed weights
+         * NM_FACTORED_CHUNK_ROWS rows of k at a time (factored_chunks) */
+        const nm_scales *sc = job->scales;
+        const int widen = widened_grid(sc) && !(job->packed && sc->s16);
+        int64_t k_chunk = 0; /* whole blocks, at least one */
+        if (widen && job->packed)
+            k_chunk = sc->bk < NM_FACTORED_CHUNK_ROWS ? NM_FACTORED_CHUNK_ROWS / sc->bk * sc->bk
+                                                      : sc->bk;
+        const int64_t call_blocks = k_chunk ? scale_blocks(job, k_chunk) : 1;
+        /* the packed walks read whole slivers' scales, the last one's padding too */
+        const int64_t chunk_pad = (chunk + isa->nr - 1) / isa->nr * isa->nr;
+        const size_t s_bytes = (size_t)(2 * call_blocks * chunk_pad) * sizeof(float);
         float *scale_buf = widen ? aligned_alloc(64, (s_bytes + 63) / 64 * 64) : NULL;
         if (widen && !scale_buf) {
             atomic_store(&job->failed, 1);
@@ -500,21 +594,24 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         for (int64_t jc = j0, w; jc < j1; jc += w) {
             const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
+            if (k_chunk) { /* a factored grid on packed weights */
+                factored_chunks(job, i0, i1, jc, w, k_chunk, slb, scale_buf);
+                continue;
+            }
             for (int64_t ir = i0, pair; ir < i1; ir += pair) {
                 pair = min64(2, i1 - ir);
                 const float *a = job->a + ir * job->lda;
                 float *c = job->c + ir * job->ldc + jc;
-                /* packed weights: one call through all of k, the kernel stepping through the
-                 * blocks of scales with C in registers (nm_gemv_packed_fn); row-major ones: a
-                 * call per block of scales */
-                const int whole_k = job->packed;
+                /* packed weights: one call through all of k, the kernel stepping through
+                 * the blocks of scales with C in registers (nm_gemv_packed_fn); row-major
+                 * ones: a call per block of scales */
                 for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) {
-                    p1 = whole_k ? job->k : k_range_end(job, p0, job->k);
+                    p1 = job->packed ? job->k : k_range_end(job, p0, job->k);
                     int64_t ldb;
                     const uint8_t *b = weights_at(job, p0, jc, &ldb);
-                    const int64_t bk = whole_k && job->scales ? job->scales->bk : p1 - p0;
-                    const int64_t lds = whole_k && job->scales ? job->scales->ld : 0;
-                    if (job->packed && job->scales && job->scales->s16) {
+                    const int64_t bk = job->packed && sc ? sc->bk : p1 - p0;
+                    if (job->packed && sc && sc->s16) {
+                        const int64_t lds = sc->ld;
                         const uint16_t *s = grid_at(job, 0, p0, jc);
                         const uint16_t *o = grid_at(job, 1, p0, jc);
                         if (pair == 1)
@@ -527,8 +624,8 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                         continue;
                     }
                     const float *s, *o;
-                    int64_t unused_lds;
-                    float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &unused_lds);
+                    int64_t lds;
+                    float_scales(job, p0, p1, jc, w, scale_buf, &s, &o, &lds);
                     if (pair == 1 && job->packed)
                         isa->gemv_packed[slot](p1 - p0, ldb, slb, w, a + p0, b, c, s, o, bk, lds);
                     else if (pair == 1)
@@ -582,6 +679,14 @@ static int worth_waking(int64_t m, int64_t n, int64_t k) {
                                   : (double)m * (double)n * (double)k);
 }
 
+/* The bytes one group of a group-major factored grid takes: its factors (ld floats a
+ * super-block), then its codes (ld bytes a block). */
+static int64_t factored_group_bytes(const nm_scales *sc, int64_t k) {
+    const int64_t blocks = k == 0 ? 1 : (k + sc->bk - 1) / sc->bk;
+    const int64_t supers = (blocks + sc->per_super - 1) / sc->per_super;
+    return (4 * supers + blocks) * sc->ld;
+}
+
 /* A job's fields, checked: NM_EINVAL for arguments the contract refuses. */
 static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int64_t m,
                         int64_t n, int64_t k, const float *a, int64_t lda, const uint8_t *b,
@@ -599,16 +704,23 @@ static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int
         (!packed || scales->ld != nm_pack_width(isa, fmt) ||
          scales->lsl < (k == 0 ? 1 : (k + scales->bk - 1) / scales->bk) * scales->ld))
         return NM_EINVAL;
-    /* one grid: float32 (s, o), or binary16 (s16, o16) for a format that takes it, on a row
-     * with its binary16 gemvs */
-    if (scales && (!scales->s == !scales->s16 || (scales->s16 && scales->o) ||
-                   (scales->s && scales->o16)))
+    /* one grid: float32 (s, o), binary16 (s16, o16) for a format that takes it, on a row
+     * with its binary16 gemvs, or factored (c8 and fs, oc8 and ofs: super-blocks of
+     * per_super >= 1 blocks; group-major, each group's factors and codes in lsl bytes) */
+    if (scales && ((!!scales->s + !!scales->s16 + !!scales->c8) != 1 ||
+                   (scales->s16 && (scales->o || scales->oc8)) ||
+                   (scales->s && (scales->o16 || scales->oc8)) ||
+                   (scales->c8 && (scales->o || scales->o16))))
+        return NM_EINVAL;
+    if (scales && scales->c8 &&
+        (!scales->fs || scales->per_super < 1 || !scales->oc8 != !scales->ofs ||
+         scales->lsl % 4 || (scales->lsl && scales->lsl < factored_group_bytes(scales, k))))
         return NM_EINVAL;
     if (scales && scales->s16 && (!nm_format_table[fmt].half_scales ||
                                   !isa->gemv_packed_half[fmt] || !isa->gemv2_packed_half[fmt]))
         return NM_EINVAL;
     /* offsets exactly for the formats that have them */
-    if (scales && (nm_format_table[fmt].offset != 0) != (scales->o || scales->o16))
+    if (scales && (nm_format_table[fmt].offset != 0) != (scales->o || scales->o16 || scales->oc8))
         return NM_EINVAL;
     /* two rows a byte: whole bytes of k, and blocks of scales that end on one */
     const int64_t kpack = nm_format_table[fmt].kpack;

@@ -39,11 +39,40 @@ typedef struct nm_scales {
      * bytes for the m <= 2 walks to stream, each value widened exactly where it is read. */
     const uint16_t *s16, *o16;
     int64_t lsl; /* 0: the grid is row-major; else group-major, lsl floats a group */
+    /* Or factored (GGUF's K types, whose scales d * sc are no binary16 numbers): an int8
+     * code per block, c8 at nm_grid_offset(q, j), and a float32 factor per super-block of
+     * per_super blocks, fs at nm_factor_offset(q / per_super, j); the scale is fs * c8 in
+     * float32 (the Python side factors a grid only where that product is the scale
+     * exactly), oc8 and ofs the offsets'. Row-major (lsl 0: c8[q * ld + j], fs[t * ld + j])
+     * or group-major, as packed weights give it: each group's factors (ld floats a
+     * super-block) then its codes (ld bytes a block) in one run of lsl bytes, the offsets'
+     * groups after the scales'. s, o, s16 and o16 are then NULL. A little over a byte a
+     * block where float32 takes four: a Q4_K weight 0.59 bytes, not 0.75. */
+    const int8_t *c8, *oc8;
+    const float *fs, *ofs;
+    int64_t per_super;
 } nm_scales;
 
-/* The offset of the scale of column j in block q (p / bk) of a grid, in elements. */
+/* Whether sc's grid is factored (nm_scales.c8). */
+static inline int nm_factored(const nm_scales *sc) { return sc->c8 != 0; }
+
+/* The offset of the factor of column j in super-block t of a factored grid, in floats. */
+static inline int64_t nm_factor_offset(const nm_scales *sc, int64_t t, int64_t j) {
+    return sc->lsl ? j / sc->ld * (sc->lsl / 4) + t * sc->ld + j % sc->ld : t * sc->ld + j;
+}
+
+/* The offset of the scale of column j in block q (p / bk) of a grid, in elements (a
+ * factored grid's codes). */
 static inline int64_t nm_grid_offset(const nm_scales *sc, int64_t q, int64_t j) {
     return sc->lsl ? j / sc->ld * sc->lsl + q * sc->ld + j % sc->ld : q * sc->ld + j;
+}
+
+/* The scale (offsets: 0) or offset (1) of column j in block q of a factored grid, as
+ * float32: the kernels' value, for code that reads a few (the tied rows). */
+static inline float nm_factored_value(const nm_scales *sc, int offsets, int64_t q, int64_t j) {
+    const int8_t *c = offsets ? sc->oc8 : sc->c8;
+    const float *f = offsets ? sc->ofs : sc->fs;
+    return f[nm_factor_offset(sc, q / sc->per_super, j)] * (float)c[nm_grid_offset(sc, q, j)];
 }
 
 /* The scales of columns j.. of sc (j a multiple of the group width for a group-major
@@ -55,6 +84,9 @@ static inline nm_scales nm_scales_from_column(const nm_scales *sc, int64_t j) {
     if (out.o) out.o += at;
     if (out.s16) out.s16 += at;
     if (out.o16) out.o16 += at;
+    const int64_t at_factor = out.c8 ? nm_factor_offset(sc, 0, j) : 0;
+    if (out.c8) out.c8 += at, out.fs += at_factor;
+    if (out.oc8) out.oc8 += at, out.ofs += at_factor;
     return out;
 }
 

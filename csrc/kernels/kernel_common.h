@@ -544,6 +544,14 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
     }
 
 /* An array codec named NAME applying the scalar codec FN element by element. */
+/* The nm_widen_factored_fn named NAME: plain loops, vectorised by the row's flags. */
+#define NM_DEFINE_WIDEN_FACTORED(NAME)                                                       \
+    static void NAME(const int8_t *c, int64_t ldc, const float *f, int64_t rows, int64_t w,  \
+                     float *out) {                                                           \
+        for (int64_t r = 0; r < rows; ++r)                                                   \
+            for (int64_t x = 0; x < w; ++x) out[r * w + x] = f[x] * (float)c[r * ldc + x];   \
+    }
+
 #define NM_DEFINE_CODEC_LOOP(NAME, IN, OUT, FN)                                              \
     static void NAME(const IN *src, OUT *dst, int64_t n) {                                   \
         for (int64_t i = 0; i < n; ++i) dst[i] = FN(src[i]);                                 \

@@ -112,6 +112,17 @@ typedef void (*nm_gemv2_packed_half_fn)(int64_t k, int64_t ldb, int64_t slb, int
                                         int64_t ldc, const uint16_t *s, const uint16_t *o,
                                         int64_t bk, int64_t lds);
 
+/* The m == 1 packed gemv on a factored grid (nm_scales.c8), where a row has one (NULL: the
+ * frame multiplies the grid out for gemv_packed): the same walk and chains, each block's
+ * scales (offsets) the products of its codes cs (co), ld apart from block to block, and its
+ * super-block's factors fs (fo), ld apart from one super-block of per_super blocks to the
+ * next, in float32. n columns inside one group of the packed layout. */
+typedef void (*nm_gemv_packed_factored_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                           const float *a, const uint8_t *b, float *c,
+                                           const int8_t *cs, const int8_t *co, const float *fs,
+                                           const float *fo, int64_t bk, int64_t ld,
+                                           int64_t per_super);
+
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
@@ -165,6 +176,12 @@ typedef float (*nm_probe_read_fn)(const float *buf, int64_t n);
 /* y[i] = silu(x[i]) for i < n (y may be x) */
 typedef void (*nm_silu_fn)(int64_t n, const float *x, float *y);
 
+/* out[r * w + x] = f[x] * (float)c[r * ldc + x] for r < rows, x < w: rows of a factored
+ * grid's codes (nm_scales.c8, ldc apart) times their super-block's factors, one float32
+ * multiplication each, which the frame asks for a call's blocks. */
+typedef void (*nm_widen_factored_fn)(const int8_t *c, int64_t ldc, const float *f,
+                                     int64_t rows, int64_t w, float *out);
+
 /* The packed layout's group width for weights of `itemsize` bytes on a row of NR-column
  * slivers grouped `group` columns wide (nm_isa_kernels.pack_width): the formats of a byte or
  * less a weight take the group, the others one sliver. The one statement of the rule: the
@@ -186,6 +203,8 @@ typedef struct nm_isa_kernels {
     nm_gemv2_packed_fn gemv2_packed[NM_MATMUL_SLOTS];
     const char *gemv2_packed_name[NM_MATMUL_SLOTS];
     /* the formats with half_scales only; NULL for the others */
+    nm_gemv_packed_factored_fn gemv_packed_factored[NM_FMT_COUNT];
+    const char *gemv_packed_factored_name[NM_FMT_COUNT];
     nm_gemv_packed_half_fn gemv_packed_half[NM_FMT_COUNT];
     const char *gemv_packed_half_name[NM_FMT_COUNT];
     nm_gemv2_packed_half_fn gemv2_packed_half[NM_FMT_COUNT];
@@ -213,6 +232,8 @@ typedef struct nm_isa_kernels {
      * double vectors (NM_DEFINE_SILU_ARRAY), so the same bits on every row */
     nm_silu_fn silu;
     const char *silu_name;
+    nm_widen_factored_fn widen_factored;
+    const char *widen_factored_name;
 } nm_isa_kernels;
 
 /* Set a slot of a row and the C name it is reported by: NM_SET_SLOT(row, gemv, fmt, fn). */

@@ -69,9 +69,9 @@ static void embed_row(const nm_isa_kernels *row, const nm_embedding *e, int64_t 
 /* Row t of a table tied to the output layer (nm_llama.tied_embed): column t of the layer's
  * weights, its codes gathered from either layout into tmp (k stored items), decoded
  * (decode_codes), then times the layer's scales, or fma with its offsets, read where the
- * kernels read them (a binary16 grid widened exactly). The plan takes a tied table only for a format
- * whose kernels take the scales as they are (no scale exponent): the same values as the
- * layer's weights decoded whole. */
+ * kernels read them (a binary16 grid widened exactly, a factored one multiplied out). The
+ * plan takes a tied table only for a format whose kernels take the scales as they are (no
+ * scale exponent): the same values as the layer's weights decoded whole. */
 static void tied_row(const nm_isa_kernels *row, const nm_linear *L, int64_t t, uint8_t *tmp,
                      float *x) {
     const nm_format_info *info = &nm_format_table[L->fmt];
@@ -86,9 +86,13 @@ static void tied_row(const nm_isa_kernels *row, const nm_linear *L, int64_t t, u
     const nm_scales *sc = &L->scales;
     for (int64_t p0 = 0, q = 0; p0 < L->k; p0 += sc->bk, ++q) {
         const int64_t at = nm_grid_offset(sc, q, t), pe = p0 + sc->bk < L->k ? p0 + sc->bk : L->k;
-        const float s = sc->s16 ? nm_fp16_to_f32(sc->s16[at]) : sc->s[at];
-        if (sc->o16 || sc->o) {
-            const float o = sc->o16 ? nm_fp16_to_f32(sc->o16[at]) : sc->o[at];
+        const float s = nm_factored(sc) ? nm_factored_value(sc, 0, q, t)
+                        : sc->s16       ? nm_fp16_to_f32(sc->s16[at])
+                                        : sc->s[at];
+        if (sc->o16 || sc->o || sc->oc8) {
+            const float o = nm_factored(sc) ? nm_factored_value(sc, 1, q, t)
+                            : sc->o16       ? nm_fp16_to_f32(sc->o16[at])
+                                            : sc->o[at];
             for (int64_t p = p0; p < pe; ++p) x[p] = fmaf(x[p], s, o);
         } else {
             for (int64_t p = p0; p < pe; ++p) x[p] = x[p] * s;

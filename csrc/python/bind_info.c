@@ -139,6 +139,11 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
                              r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
     }
     /* the packed gemvs on binary16 scales of a format with half_scales (nm_kernels.h) */
+    /* the m == 1 packed gemv on a factored grid, where the row has one (nm_kernels.h) */
+    if (strcmp(op, "matmul_packed_factored") == 0) {
+        if (!r->gemv_packed_factored[fmt]) return PyList_New(0);
+        return Py_BuildValue("[s]", r->gemv_packed_factored_name[fmt]);
+    }
     if (strcmp(op, "matmul_packed_half") == 0) {
         if (!r->gemv_packed_half[fmt] || !r->gemv2_packed_half[fmt]) return PyList_New(0);
         return Py_BuildValue("[ss]", r->gemv_packed_half_name[fmt],
@@ -154,6 +159,8 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
     }
     if (strcmp(op, "silu") == 0) /* the model op with a kernel per row (any fmt) */
         return Py_BuildValue("[s]", r->silu_name);
+    if (strcmp(op, "widen_factored") == 0) /* the K types' factored grids (any fmt) */
+        return Py_BuildValue("[s]", r->widen_factored_name);
     PyErr_Format(PyExc_ValueError, "unknown operation '%s'", op);
     return NULL;
 }

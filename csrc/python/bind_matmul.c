@@ -116,6 +116,50 @@ const char *weights_accept(int fmt) {
     return size == 4 ? "f" : size == 2 ? "Hhe" : "Bb";
 }
 
+/* A factored grid (get_scales), checked, into sc: row-major (2-D) or, for packed weights
+ * (sliver: their group width), group-major (3-D). */
+static int get_factored_scales(int fmt, const Py_buffer *view, long long bk, int finite,
+                               int64_t blocks, int64_t min_ld, int64_t sliver, nm_scales *sc) {
+    const int64_t grids = nm_format_table[fmt].offset ? 2 : 1;
+    const int group_major = view->ndim == 3 && sliver > 0;
+    /* rows: a grid's (2-D) or a group's (3-D) factors and codes, in int8 rows */
+    const int64_t rows = group_major ? view->shape[1]
+                         : view->ndim == 2 ? view->shape[0] / grids : 0;
+    const int64_t cols = group_major ? view->shape[0] / grids * sliver
+                         : view->ndim == 2 ? view->shape[1] : 0;
+    const int64_t supers = rows > blocks ? (rows - blocks) / 4 : 0;
+    if ((view->ndim != 2 && !group_major) || (uintptr_t)view->buf % sizeof(float) ||
+        view->shape[0] % grids || supers < 1 || 4 * supers + blocks != rows ||
+        blocks % supers || cols < min_ld || (group_major && view->shape[2] != sliver)) {
+        char packed[96] = "";
+        if (sliver > 0)
+            snprintf(packed, sizeof packed, " or, packed, 3-D (%lld * groups, 4 * supers + %lld, "
+                     "%lld)", (long long)grids, (long long)blocks, (long long)sliver);
+        PyErr_Format(PyExc_ValueError,
+                     "a factored (int8) grid must be float-aligned, 2-D (%lld * (4 * supers + "
+                     "%lld), >= %lld)%s, with %lld blocks a multiple of supers, for k in blocks "
+                     "of %lld rows; got %d-D, shape (%lld, %lld, ...)",
+                     (long long)grids, (long long)blocks, (long long)min_ld, packed,
+                     (long long)blocks, bk, view->ndim, (long long)view->shape[0],
+                     (long long)(view->ndim >= 2 ? view->shape[1] : -1));
+        return -1;
+    }
+    const int64_t ld = group_major ? sliver : view->shape[1];
+    const int64_t lsl = group_major ? rows * sliver : 0;
+    /* from one grid's factors (and codes) to the next grid's */
+    const int64_t next = group_major ? view->shape[0] / grids * lsl : supers * ld;
+    const float *factors = (const float *)view->buf;
+    *sc = (nm_scales){.ld = ld, .bk = bk, .finite = finite, .per_super = blocks / supers,
+                      .lsl = lsl, .fs = factors,
+                      .c8 = (const int8_t *)view->buf + (group_major ? 4 * supers * ld
+                                                                     : grids * 4 * supers * ld)};
+    if (grids == 2) {
+        sc->ofs = factors + (group_major ? next / 4 : next);
+        sc->oc8 = sc->c8 + (group_major ? next : blocks * ld);
+    }
+    return 0;
+}
+
 /* The scales argument of a matmul: None for a format without scales; for a scaled one a
  * (ceil(k / bk), ld) C-contiguous float32 array with ld >= min_ld in the kernels' form, bk
  * > 0, and whether the weights are known to hold no NaN/Inf code (nm_scales). A format
@@ -123,8 +167,13 @@ const char *weights_accept(int fmt) {
  * and its lower half is the offsets. A format with half_scales (the GGUF ones) may give a
  * float16 array instead (nm_scales.s16). Packed weights (group: their nm_pack_width, else
  * 0) may give their grid group-major instead, a (groups, blocks, width) array with groups *
- * width >= min_ld (twice the groups with offsets, theirs the lower half): nm_scales.lsl. On
- * success *have says whether `sc` was filled (and `view` must be released). */
+ * width >= min_ld (twice the groups with offsets, theirs the lower half): nm_scales.lsl. Or
+ * a factored grid (nm_scales.c8), an int8 array (grids * (4 * supers + blocks), ld), blocks
+ * = ceil(k / bk) a multiple of supers: first each grid's float32 factors (supers, ld), four
+ * int8 rows to a float row, then each grid's int8 codes (blocks, ld); per_super is blocks /
+ * supers; packed weights' group-major, (grids * groups, 4 * supers + blocks, width), each
+ * group's factors then its codes. On success *have says whether `sc` was filled (and
+ * `view` must be released). */
 int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k, int64_t min_ld,
                int64_t sliver, Py_buffer *view, nm_scales *sc, int *have) {
     *have = 0;
@@ -148,6 +197,14 @@ int get_scales(int fmt, PyObject *so, long long bk, int finite, int64_t k, int64
         return -1;
     }
     const int64_t blocks = k == 0 ? 0 : (k + bk - 1) / bk;
+    if (view->itemsize == 1 && format_ok(view->format, "b") && blocks > 0) {
+        if (get_factored_scales(fmt, view, bk, finite, blocks, min_ld, sliver, sc) < 0) {
+            PyBuffer_Release(view);
+            return -1;
+        }
+        *have = 1;
+        return 0;
+    }
     const int half = view->itemsize == 2 && format_ok(view->format, "e");
     if (half && !nm_format_table[fmt].half_scales) {
         PyErr_Format(PyExc_TypeError, "format '%s' takes float32 scales, not float16",

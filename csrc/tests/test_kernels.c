@@ -433,7 +433,8 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
      * (48 divides no row's kc, so k blocks end at blocks of scales inside a kc); the row
      * is padded to whole slivers of every row (96 columns) for the packed layout */
     static const int64_t blocks[] = {1, 4, 48, 128, 1 << 30};
-    const int64_t bk0 = blocks[next_u64() % 5], sld = (n + 95) / 96 * 96 + 3;
+    /* k = 1100: blocks of 4 rows (275 of them: super-blocks of 5 but a quarter of the time) */
+    const int64_t bk0 = k == 1100 ? 4 : blocks[next_u64() % 5], sld = (n + 95) / 96 * 96 + 3;
     const int64_t bk = bk0 % kpack ? bk0 * kpack : bk0;
     const int64_t nblocks = k ? (k + bk - 1) / bk : 1;
     float *sv = xmalloc((size_t)(nblocks * sld) * 4);
@@ -449,11 +450,42 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
         sv16[i] = nm_f32_to_fp16(0x1p-10f * sv[i] * 0x1p-100f), sv[i] = nm_fp16_to_f32(sv16[i]);
         ov16[i] = nm_f32_to_fp16(0x1p-10f * ov[i] * 0x1p-100f), ov[i] = nm_fp16_to_f32(ov16[i]);
     }
+    /* a third of the other scaled cases, and all of k = 1100 (the packed m <= 2 walks then
+     * run in chunks of 512 rows), give the row under test a factored grid (nm_scales.c8:
+     * an int8 code a block, a float32 factor per super-block of per_super blocks, their
+     * products exact), the scalar reference the products as float32; each part in a buffer
+     * of exactly its size */
+    const int factored = !half && nm_format_table[fmt].scaled && k > 0 &&
+                         (next_u64() % 3 == 0 || k == 1100);
+    /* super-blocks of a small divisor of the blocks (a factor changes along k), a quarter of
+     * the time one for all */
+    int64_t per_super = nblocks;
+    const int one_super = (next_u64() & 3) == 0;
+    for (int64_t d = 2; d <= 7 && !one_super && per_super == nblocks; ++d)
+        if (nblocks % d == 0) per_super = d;
+    const int64_t supers = nblocks / per_super;
+    int8_t *c8 = xmalloc((size_t)(nblocks * sld)), *oc8 = xmalloc((size_t)(nblocks * sld));
+    float *fs = xmalloc((size_t)(supers * sld) * 4), *ofs = xmalloc((size_t)(supers * sld) * 4);
+    for (int64_t i = 0; factored && i < supers * sld; ++i) { /* 11 significant bits, any sign */
+        const float sign = (next_u64() & 1) ? -1.0f : 1.0f;
+        const float f = 1.0f + (float)(next_u64() & 1023) / 1024.0f;
+        const float g = 1.0f + (float)(next_u64() & 1023) / 1024.0f;
+        fs[i] = sign * ldexpf(f, (int)(next_u64() % 9) - 4);
+        ofs[i] = -sign * ldexpf(g, (int)(next_u64() % 9) - 4);
+    }
+    for (int64_t q = 0; factored && q < nblocks; ++q)
+        for (int64_t j = 0; j < sld; ++j) { /* exact: 11 bits times 8 */
+            c8[q * sld + j] = (int8_t)next_u64(), oc8[q * sld + j] = (int8_t)next_u64();
+            sv[q * sld + j] = fs[q / per_super * sld + j] * (float)c8[q * sld + j];
+            ov[q * sld + j] = ofs[q / per_super * sld + j] * (float)oc8[q * sld + j];
+        }
     nm_scales scl = {.s = sv, .ld = sld, .bk = bk, .o = nm_format_table[fmt].offset ? ov : NULL};
     nm_scales scl16 = {.s16 = sv16, .ld = sld, .bk = bk,
                        .o16 = nm_format_table[fmt].offset ? ov16 : NULL};
+    nm_scales sf = {.c8 = c8, .fs = fs, .ld = sld, .bk = bk, .per_super = per_super};
+    if (nm_format_table[fmt].offset) sf.oc8 = oc8, sf.ofs = ofs;
     const nm_scales *scales = nm_format_table[fmt].scaled ? &scl : NULL;
-    const nm_scales *tested = half ? &scl16 : scales;
+    const nm_scales *tested = half ? &scl16 : factored ? &sf : scales;
     const int64_t lda = k + 3, ldb = (n + 5) * itemsize + 1, ldc = n + 4;
     float *a = xmalloc((size_t)(m * lda + 1) * 4);
     uint8_t *braw = xmalloc((size_t)(k * ldb + 2));
@@ -498,7 +530,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
         int finite = 1;
         for (int64_t p = 0; p < k && special; ++p)
             for (int64_t j = 0; j < n; ++j) finite &= (b[p * ldb + j] & special) != special;
-        scl.finite = scl16.finite = finite;
+        scl.finite = scl16.finite = sf.finite = finite;
     }
     /* the same weights in this row's packed layout: groups of pack_width columns, k
      * contiguous rows each, in a buffer of exactly that size (the sanitizers see any read
@@ -531,6 +563,28 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     nm_scales sm = half ? (nm_scales){.s16 = svm16, .o16 = offsets ? ovm16 : NULL}
                         : (nm_scales){.s = svm, .o = offsets ? ovm : NULL};
     sm.ld = gw, sm.bk = bk, sm.finite = scl.finite, sm.lsl = nblocks * gw;
+    /* a factored grid group-major too: each group's factors, then its codes, fl bytes a
+     * group (the columns past the row-major grid's, never read, a factor 1 and code 0) */
+    const int64_t fl = (4 * supers + nblocks) * gw, fparts = offsets ? 2 : 1;
+    int8_t *fgm = xmalloc((size_t)(fparts * groups * fl > 0 ? fparts * groups * fl : 1));
+    for (int64_t part = 0; factored && part < fparts; ++part)
+        for (int64_t g = 0; g < groups; ++g)
+            for (int64_t jj = 0; jj < gw; ++jj) {
+                const int64_t col = g * gw + jj, at = (part * groups + g) * fl;
+                const int inside = col < sld;
+                const float *f = part ? ofs : fs;
+                const int8_t *cd = part ? oc8 : c8;
+                for (int64_t t = 0; t < supers; ++t) {
+                    const float v = inside ? f[t * sld + col] : 1.0f;
+                    memcpy(fgm + at + 4 * (t * gw + jj), &v, 4);
+                }
+                for (int64_t q = 0; q < nblocks; ++q)
+                    fgm[at + 4 * supers * gw + q * gw + jj] = inside ? cd[q * sld + col] : 0;
+            }
+    nm_scales smf = {.c8 = fgm + 4 * supers * gw, .fs = (const float *)(const void *)fgm,
+                     .ld = gw, .bk = bk, .per_super = per_super, .lsl = fl,
+                     .finite = scl.finite};
+    if (offsets) smf.oc8 = smf.c8 + groups * fl, smf.ofs = smf.fs + groups * fl / 4;
     nm_set_num_threads(1);
     int s1 = nm_matmul(ref, fmt, m, n, k, a, lda, b, ldb, c_ref + ldc, ldc, accumulate || bias,
                        NULL, scales);
@@ -540,7 +594,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     int s3 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_pk + ldc, ldc, accumulate, bias,
                               tested);
     int s4 = nm_matmul_packed(row, fmt, m, n, k, a, lda, bpk, c_sm + ldc, ldc, accumulate, bias,
-                              scales ? &sm : NULL);
+                              !scales ? NULL : factored ? &smf : &sm);
     long bad = 0, guard = 0, bad_pk = 0, guard_pk = 0, bad_sm = 0, guard_sm = 0;
     for (int64_t r = 0; r < m + 2; ++r) {
         for (int64_t j = 0; j < ldc; ++j) {
@@ -559,15 +613,16 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     }
     expect(s1 == NM_OK && s2 == NM_OK && s3 == NM_OK && s4 == NM_OK && bad == 0 && guard == 0 &&
                bad_pk == 0 && guard_pk == 0 && bad_sm == 0 && guard_sm == 0,
-           "%s %s m=%lld n=%lld k=%lld start=%d threads=%d bk=%lld finite=%d binary16 scales=%d: "
+           "%s %s m=%lld n=%lld k=%lld start=%d threads=%d bk=%lld finite=%d binary16 scales=%d "
+           "factored=%d: "
            "%ld differ, %ld guard cells written; packed weights: %ld differ, %ld guard cells "
            "written; group-major scales: %ld differ, %ld guard cells written",
            row->isa, nm_format_table[fmt].name, (long long)m, (long long)n, (long long)k,
-           start, threads, (long long)bk, scl.finite, half, bad, guard, bad_pk, guard_pk, bad_sm,
-           guard_sm);
+           start, threads, (long long)bk, scl.finite, half, factored, bad, guard, bad_pk,
+           guard_pk, bad_sm, guard_sm);
     free(a), free(braw), free(bpk), free(c_ref), free(c_got), free(c_pk), free(c_sm), free(sv),
         free(ov), free(sv16), free(ov16), free(svm), free(ovm), free(svm16), free(ovm16),
-        free(bias);
+        free(c8), free(oc8), free(fs), free(ofs), free(fgm), free(bias);
 }
 
 static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
@@ -587,6 +642,9 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
         run_case(row, ref, fmt, 17, 1100, 300, START_ACCUMULATE, 2);
         run_case(row, ref, fmt, 2, 1100, 300, START_BIAS, 3);
         run_case(row, ref, fmt, 33, 700, 513, START_BIAS, 3);
+        /* k past two chunks of a factored grid's packed walks (NM_FACTORED_CHUNK_ROWS) */
+        run_case(row, ref, fmt, 1, 200, 1100, START_BIAS, 2);
+        run_case(row, ref, fmt, 2, 130, 1100, START_ACCUMULATE, 1);
         /* more rows than one packed A block (2048): the block edge, on 7 threads (3 column
          * parts x 2 row parts) */
         run_case(row, ref, fmt, 2053, 200, 19, START_ACCUMULATE, 7);

@@ -64,6 +64,10 @@ def runtime_info() -> dict[str, Any]:
             half = native.kernel_names("matmul_packed_half", fmt) if op == "matmul" else []
             if len(half) == 2:  # packed weights whose scales are binary16 (Format.half_scales)
                 entry["half_scale_kernel"] = f"{half[0]} (m=1); {half[1]} (m=2)"
+            factored = (native.kernel_names("matmul_packed_factored", fmt)
+                        if op == "matmul" else [])
+            if factored:  # packed weights under a factored grid (the K types), m = 1
+                entry["factored_scale_kernel"] = f"{factored[0]} (m=1)"
         kernels.append({**entry, "kernel": name})
     return {
         "version": __version__,
@@ -92,8 +96,26 @@ def runtime_info() -> dict[str, Any]:
         # attention one portable C function each
         "model_ops": ({"silu": c.kernel_names("silu", 0)[0], "rms_norm": "ops/rowops.c",
                        "attention": "ops/attention.c"} if c else {}),
+        # what multiplies out the K types' factored grids of scales for the kernels, and
+        # whether packed weights make them (NARROWMM_FACTORED_SCALES; None: a bad value)
+        "factored_scales": c.kernel_names("widen_factored", 0)[0] if c else None,
+        "factored_scales_enabled": _factored_setting(),
         "environment_problems": _environ.problems(),
     }
+
+
+def _factored_setting() -> bool | None:
+    """NARROWMM_FACTORED_SCALES as packed weights read it; None (the problem recorded, for
+    the report) for a bad value."""
+    from ._weights import factored_scales_enabled
+
+    try:
+        enabled = factored_scales_enabled()
+    except _environ.EnvironmentVariableError as exc:
+        _environ.record("NARROWMM_FACTORED_SCALES", str(exc))
+        return None
+    _environ.forget("NARROWMM_FACTORED_SCALES")
+    return enabled
 
 
 def show_runtime(as_json: bool = False) -> None:
@@ -146,5 +168,12 @@ def show_runtime(as_json: bool = False) -> None:
             if "half_scale_kernel" in k:
                 print(f"  {'':<6} {'':<6} {'':<9} packed, binary16 scales: "
                       f"{k['half_scale_kernel']}")
+            if "factored_scale_kernel" in k:
+                print(f"  {'':<6} {'':<6} {'':<9} packed, factored scales: "
+                      f"{k['factored_scale_kernel']}")
     ops = ", ".join(f"{op} {name}" for op, name in info["model_ops"].items())
     print(f"model ops: {ops or 'unavailable (no C core)'}")
+    if info["factored_scales"]:
+        setting = {True: "", False: " (off: NARROWMM_FACTORED_SCALES=0)",
+                   None: " (see PROBLEM above)"}[info["factored_scales_enabled"]]
+        print(f"factored scales (the K types, packed): {info['factored_scales']}{setting}")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ._arrays import aligned_empty, line_aligned
 from ._codecs import check_codes, decode, encode
+from ._environ import EnvironmentVariableError
 from ._formats import FORMATS, Format, get_format
 from ._interop import Bf16Bits, as_array
 from ._scales import Scales, apply
@@ -100,6 +103,159 @@ def half_grid(grid: np.ndarray) -> np.ndarray:
     return half if np.array_equal(half.astype(np.float32), grid) else grid
 
 
+# GGUF's K types keep one d (and dmin) per super-block of this many rows, under 6- or 8-bit
+# sub-scales per block of 16 or 32 rows: the factors of a factored grid (factored_grid).
+SUPER_BLOCK_ROWS = 256
+
+
+def factored_scales_enabled() -> bool:
+    """Whether packed weights keep the K types' scales factored (:func:`factored_grid`):
+    ``NARROWMM_FACTORED_SCALES`` 1 (the default) or 0, for float32 grids instead, a quarter
+    more bytes for Q4_K weights and faster where the kernels, not memory, set the pace
+    (docs/kernels.md has both measured). Read each time a grid is made.
+
+    Raises:
+        EnvironmentVariableError: another value.
+    """
+    value = os.environ.get("NARROWMM_FACTORED_SCALES", "1").strip()
+    if value not in ("0", "1"):
+        raise EnvironmentVariableError(
+            f"NARROWMM_FACTORED_SCALES must be 1 (factored K-type scales, the default) or 0 "
+            f"(float32 grids), got {value!r}")
+    return value == "1"
+
+
+def super_blocks_of(bk: int) -> int:
+    """Blocks of ``bk`` rows to a factored grid's super-block (:data:`SUPER_BLOCK_ROWS`
+    rows), or 0 when ``bk`` does not divide it into several."""
+    return SUPER_BLOCK_ROWS // bk if 0 < bk < SUPER_BLOCK_ROWS and SUPER_BLOCK_ROWS % bk == 0 else 0
+
+
+def factored_grid(grid: np.ndarray, grids: int, per_super: int) -> np.ndarray | None:
+    """A float32 kernels' grid ``(grids * blocks, ld)`` (row-major; the scales, then the
+    offsets) as a factored one, when each of its values is exactly, bit for bit, a float32
+    factor of its column's super-block of ``per_super`` blocks times an int8 code: GGUF's K
+    types (``d * sc`` with a 6-bit sc, 17 significant bits: no binary16 number). The int8
+    array nm_scales.c8 describes, ``(grids * (4 * supers + blocks), ld)``: each grid's
+    factors (``supers`` float32 rows, four int8 rows each), then each grid's codes; a new
+    array on a cache line. None when some value has no such form (a code past 127, a
+    super-block holding both zeros' signs, ``blocks`` no multiple of ``per_super``)."""
+    rows, ld = grid.shape
+    blocks = rows // grids
+    if per_super < 2 or blocks == 0 or blocks % per_super or not np.isfinite(grid).all():
+        return None
+    supers = blocks // per_super
+    v = grid.reshape(grids, supers, per_super, ld)
+    out = aligned_empty((grids * (4 * supers + blocks), ld), np.int8)
+    factors = out[:grids * 4 * supers].view(np.float32).reshape(grids, supers, ld)
+    codes = out[grids * 4 * supers:].reshape(grids, supers, per_super, ld)
+    step = max(1, (1 << 16) // (grids * blocks))  # columns a pass: small temporaries
+    for j in range(0, ld, step):
+        part = _factor_columns(v[..., j:j + step])
+        if part is None:
+            return None
+        factors[..., j:j + step], codes[..., j:j + step] = part
+    return out
+
+
+def _factor_columns(v: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """factored_grid's work on ``v`` (grids, supers, per_super, columns): the factors
+    (grids, supers, columns) and codes, or None."""
+    bits = v.view(np.int32) & 0x7FFFFFFF
+    exponent, fraction = bits >> 23, bits & 0x7FFFFF
+    significand = np.where(exponent > 0, fraction | 0x800000, fraction)  # |v| = M * 2^E
+    power = np.where(exponent > 0, exponent - 150, -149)
+    nonzero = significand != 0
+    # strip trailing zero bits, |v| = odd * 2^low (the lowest set bit, a power of two, read
+    # from its float32 exponent)
+    lowest = np.where(nonzero, significand & -significand, 1).astype(np.float32)
+    trailing = (lowest.view(np.int32) >> 23) - 127
+    odd, low = significand >> trailing, power + trailing
+    # the smallest power a super-block's nonzero values share, and their multiples of it
+    floor = np.min(np.where(nonzero, low, 1 << 20), axis=2, keepdims=True)
+    shift = np.where(nonzero, low - floor, 0)
+    if (shift > 7).any():  # a code would need more than 8 bits beside the common factor
+        return None
+    multiple = odd << shift  # below 2^31
+    g = np.gcd.reduce(multiple, axis=2, keepdims=True)
+    empty = g == 0  # an all-zero super-block
+    g = np.where(empty, 1, g)
+    floor = np.where(empty, 0, floor)
+    negative = np.signbit(v)
+    codes = np.where(negative, -(multiple // g), multiple // g)  # for a positive factor
+    zero_sign = ~nonzero & negative  # a -0 needs a negative factor (its code is 0)
+    if (zero_sign.any(axis=2) & (~nonzero & ~negative).any(axis=2)).any():
+        return None
+    # a negative factor for a -0, or for a code of 128 (Q6_K's largest sub-scale is -128)
+    flip = (zero_sign.any(axis=2, keepdims=True)
+            | (codes.max(axis=2, keepdims=True) > 127))
+    signed = np.where(flip, -codes, codes)
+    if (signed > 127).any() or (signed < -128).any():
+        return None
+    factor = np.ldexp(g.astype(np.float64), floor).astype(np.float32)
+    factor = np.where(flip, -factor, factor)
+    signed = signed.astype(np.int8)
+    with np.errstate(all="ignore"):
+        back = factor * signed.astype(np.float32)
+    if not np.array_equal(back.view(np.int32), v.view(np.int32)):  # bit for bit, or none
+        return None
+    return factor[:, :, 0], signed
+
+
+def factored_sliver_major(grid: np.ndarray, grids: int, blocks: int,
+                          width: int) -> np.ndarray:
+    """A row-major factored grid (:func:`factored_grid`) as packed weights give it to the
+    kernels: ``(grids * slivers, 4 * supers + blocks, width)``, each sliver's factors then its
+    codes (nm_scales.lsl), as :func:`sliver_major` orders a float grid; a new array on a
+    cache line."""
+    factors, codes = _factored_parts(grid, grids, blocks)
+    supers, slivers = factors.shape[1], factors.shape[2] // width
+    out = aligned_empty((grids * slivers, 4 * supers + blocks, width), np.int8)
+    four = out.reshape(grids, slivers, 4 * supers + blocks, width)
+    slab = four[:, :, :4 * supers].reshape(grids, slivers, 4 * supers * width)  # a view
+    slab.view(np.float32).reshape(grids, slivers, supers, width)[...] = (
+        factors.reshape(grids, supers, slivers, width).transpose(0, 2, 1, 3))
+    four[:, :, 4 * supers:] = codes.reshape(grids, blocks, slivers, width).transpose(0, 2, 1, 3)
+    return out
+
+
+def _factored_parts(grid: np.ndarray, grids: int, blocks: int,
+                    columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A factored grid's factors ``(grids, supers, columns)`` float32 and codes ``(grids,
+    blocks, columns)`` int8, from either layout, all its columns or ``columns`` only."""
+    if grid.ndim == 3:  # (grids * slivers, 4 * supers + blocks, width)
+        count, rows, width = grid.shape
+        slivers, supers = count // grids, (rows - blocks) // 4
+        four = grid.reshape(grids, slivers, rows, width)
+        factors = (four[:, :, :4 * supers].reshape(grids, slivers, 4 * supers * width)
+                   .view(np.float32).reshape(grids, slivers, supers, width))
+        codes = four[:, :, 4 * supers:]
+        if columns is not None:  # (columns, grids, rows) by the indexing rules: moved back
+            at, within = columns // width, columns % width
+            return (factors[:, at, :, within].transpose(1, 2, 0),
+                    codes[:, at, :, within].transpose(1, 2, 0))
+        return (factors.transpose(0, 2, 1, 3).reshape(grids, supers, slivers * width),
+                codes.transpose(0, 2, 1, 3).reshape(grids, blocks, slivers * width))
+    rows, ld = grid.shape
+    supers = (rows // grids - blocks) // 4
+    factors = grid[:grids * 4 * supers].view(np.float32).reshape(grids, supers, ld)
+    codes = grid[grids * 4 * supers:].reshape(grids, blocks, ld)
+    if columns is not None:
+        factors, codes = factors[..., columns], codes[..., columns]
+    return factors, codes
+
+
+def factored_values(grid: np.ndarray, grids: int, blocks: int,
+                    columns: np.ndarray | None = None) -> np.ndarray:
+    """The float32 grid ``(grids * blocks, columns)`` of a factored one (:func:`factored_grid`,
+    row-major or :func:`factored_sliver_major`), or of its ``columns`` only: each code times
+    its super-block's factor, as the kernels multiply them."""
+    factors, codes = _factored_parts(grid, grids, blocks, columns)
+    supers = factors.shape[1]
+    codes = codes.reshape(grids, supers, blocks // supers, -1)
+    return (factors[:, :, None] * codes.astype(np.float32)).reshape(grids * blocks, -1)
+
+
 def sliver_major(grid: np.ndarray, grids: int, width: int) -> np.ndarray:
     """A kernels' grid ``(grids * blocks, slivers * width)`` (the scales, then the offsets
     below them) as packed weights give it to the kernels: ``(grids * slivers, blocks,
@@ -123,8 +279,8 @@ def row_major(grid: np.ndarray, grids: int) -> np.ndarray:
 
 class GridScales(Scales):
     """Scales (or offsets) read from a kernels' grid (:meth:`Weights.kernel_scales`' form,
-    row-major or sliver-major, float16 or float32, times ``2**scale_exponent``) each time
-    ``values`` is asked for, never kept: what a layer that stores only that grid
+    row-major or sliver-major, float16, float32 or factored, times ``2**scale_exponent``)
+    each time ``values`` is asked for, never kept: what a layer that stores only that grid
     (``narrowmm.torch.Linear``) hands the weights it computes with, and what weights made
     from a checkpoint's ``TorchWeights`` hold (:meth:`_ScaledMatrix.keep_kernel_scales_only`).
     The native kernels read the grid itself; the float32 grid the checks, the NumPy and
@@ -138,22 +294,29 @@ class GridScales(Scales):
         n: the matrix's columns (the grid may have more: whole slivers).
         bk: rows a block of scales covers.
         scale_exponent: r, undone on the scales (exact), not on the offsets.
+        k: the matrix's rows: required for a factored grid (int8), whose blocks it counts.
     """
 
-    __slots__ = ("_grid", "_n", "_part", "_parts", "_scale_exponent")
+    __slots__ = ("_blocks", "_grid", "_n", "_part", "_parts", "_scale_exponent")
 
     def __init__(self, grid: np.ndarray, part: int, parts: int, n: int, bk: int,
-                 scale_exponent: int = 0) -> None:
+                 scale_exponent: int = 0, k: int | None = None) -> None:
         if grid.ndim not in (2, 3) or grid.shape[0] % parts:
             raise ValueError(f"a kernels' grid of {parts} parts must be 2-D or 3-D with a "
                              f"multiple of {parts} leading rows, got shape {grid.shape}")
+        if grid.dtype == np.int8 and k is None:
+            raise ValueError("a factored (int8) kernels' grid needs the matrix's rows k to "
+                             f"count its blocks, got shape {grid.shape}")
         self._grid, self._part, self._parts, self._n = grid, part, parts, n
         self._scale_exponent = scale_exponent
+        self._blocks = -(-k // bk) if grid.dtype == np.int8 and k else 0
         self.block = (bk, 1)
 
     @property
     def values(self) -> np.ndarray:  # type: ignore[override]  # a new, read-only array
         grid, part, parts, n = self._grid, self._part, self._parts, self._n
+        if grid.dtype == np.int8:  # factored: multiplied out as the kernels do (row-major)
+            grid = factored_values(grid, parts, self._blocks)
         count = grid.shape[0] // parts
         mine = grid[part * count:(part + 1) * count]
         if grid.ndim == 3:  # sliver-major (slivers, blocks, width)
@@ -165,7 +328,9 @@ class GridScales(Scales):
         return out
 
     def __repr__(self) -> str:
-        blocks = self._grid.shape[1] if self._grid.ndim == 3 else self._grid.shape[0] // self._parts
+        grid = self._grid
+        blocks = (self._blocks if grid.dtype == np.int8 else grid.shape[1] if grid.ndim == 3
+                  else grid.shape[0] // self._parts)
         return f"Scales({self.kind}, grid={(blocks, self._n)}, block={self.block})"
 
 
@@ -173,8 +338,11 @@ class _KernelScales:
     """The native kernels' form of a matrix's scales (nm_scales: expanded, times 2^r), made
     once per row width, and whether the weights hold no NaN/Inf code (looked at once). With
     ``half``, the grid is float16 for a format with ``half_scales`` whose every scale and
-    offset is a binary16 number (GGUF's are), else float32: the same values either way. With
-    ``width`` (packed weights), it is sliver-major (:func:`sliver_major`)."""
+    offset is a binary16 number (GGUF's d and m are), else float32: the same values either
+    way. With ``width`` (packed weights), it is sliver-major (:func:`sliver_major`), or, for
+    values that are no binary16 numbers but factor exactly per super-block (the K types'
+    ``d * sc``), a factored int8 grid (:func:`factored_grid`), sliver-major as well
+    (:func:`factored_sliver_major`)."""
 
     __slots__ = ("_by_ld", "_finite")
 
@@ -195,10 +363,17 @@ class _KernelScales:
                 ogrid, _ = offsets.expanded(shape, ld)
                 ogrid[:, shape[1]:] = 0.0
                 grid = np.ascontiguousarray(np.concatenate([grid, ogrid]))
+            parts = 2 if offsets is not None else 1
             if half and fmt.half_scales:
                 grid = half_grid(grid)
-            if width:  # sliver_major's copy starts on a line: line_aligned keeps it
-                grid = sliver_major(grid, 2 if offsets is not None else 1, width)
+                factored = (factored_grid(grid, parts, super_blocks_of(bk))
+                            if grid.dtype == np.float32 and width and factored_scales_enabled()
+                            else None)
+                grid = grid if factored is None else factored  # GGUF's K types: d * sc
+            if width and grid.dtype == np.int8:  # a new array on a line, as below
+                grid = factored_sliver_major(grid, parts, -(-shape[0] // bk), width)
+            elif width:  # sliver_major's copy starts on a line: line_aligned keeps it
+                grid = sliver_major(grid, parts, width)
             self._by_ld[ld] = line_aligned(grid), bk
         if self._finite is None:  # special_bits: the magnitude bits all NaN/Inf codes share
             special = np.uint8(fmt.special_bits)
@@ -292,10 +467,10 @@ class _ScaledMatrix:
             return
         grid, bk, _ = self.kernel_scales()
         parts = 2 if self.offsets is not None else 1
-        n, r = self.shape[1], self.format.scale_exponent
-        self.scales = GridScales(grid, 0, parts, n, bk, r)
+        (k, n), r = self.shape, self.format.scale_exponent
+        self.scales = GridScales(grid, 0, parts, n, bk, r, k)
         if self.offsets is not None:
-            self.offsets = GridScales(grid, 1, parts, n, bk)
+            self.offsets = GridScales(grid, 1, parts, n, bk, k=k)
 
     def provider_scales(self) -> tuple[np.ndarray, int] | None:
         """The scales as the NumPy and reference providers take them: the grid

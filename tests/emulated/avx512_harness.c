@@ -70,6 +70,7 @@ typedef struct emu_job {
     int64_t s_ld, s_bk, s_finite;
     int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; the GGUF formats) */
     int64_t s_lsl;     /* nm_scales.lsl: 0, or s is group-major (packed weights, nm_pack_width) */
+    int64_t s_per_super; /* > 0: s is a factored grid (nm_scales.c8), super-blocks this long */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -95,7 +96,23 @@ void nm_emu_main(emu_job *job) {
             : (nm_scales){.s = job->s, .ld = job->s_ld, .bk = job->s_bk,
                           .finite = (int)job->s_finite, .lsl = job->s_lsl,
                           .o = job->s && with_offsets ? job->s + lower : 0};
-    const nm_scales *sc = job->s ? &scales : 0;
+    /* a factored grid: the factors, then the codes, of each grid (row-major) or of each
+     * group (group-major, the offsets' groups after the scales') */
+    nm_scales factored = {.ld = job->s_ld, .bk = job->s_bk, .finite = (int)job->s_finite,
+                          .lsl = job->s_lsl, .per_super = job->s_per_super};
+    if (job->s_per_super > 0) {
+        const int64_t supers = blocks / job->s_per_super, grids = with_offsets ? 2 : 1;
+        const int8_t *base = (const int8_t *)job->s;
+        factored.fs = job->s;
+        factored.c8 = base + (job->s_lsl ? 4 * supers * job->s_ld
+                                         : grids * 4 * supers * job->s_ld);
+        if (with_offsets) {
+            const int64_t groups = (job->n + width - 1) / width;
+            factored.ofs = job->s + (job->s_lsl ? groups * job->s_lsl / 4 : supers * job->s_ld);
+            factored.oc8 = factored.c8 + (job->s_lsl ? groups * job->s_lsl : blocks * job->s_ld);
+        }
+    }
+    const nm_scales *sc = !job->s ? 0 : job->s_per_super > 0 ? &factored : &scales;
     /* no bias here: the frame writes it (matmul_part), the same C on every row; the
      * scalar and avx2 rows test it in csrc/tests and tests/test_api.py */
     switch (job->op) {

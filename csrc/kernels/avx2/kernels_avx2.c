@@ -269,6 +269,28 @@ NM_DEFINE_NIBBLE_FORMATS(avx2, __m256, 8, NR, 2, 1, _mm256_set1_ps, _mm256_loadu
                          DEQ8_Q4_1, DEQH8_Q4_1)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 
+/* The rows of one block of scales (from stored row r0_) of Q4_1's staged walks: scales_ in
+ * registers, the offsets staged at offsets_ and read through a pointer the compiler cannot
+ * follow, so that each decode FMA takes them as a memory operand (see below). */
+#define Q4_1_STAGED_BLOCK_ROWS(W_)                                                           \
+    const float *op_ = offsets_;                                                             \
+    const int64_t end_ = k / 2 - r0_ < block_ ? k / 2 : r0_ + block_;                        \
+    for (int64_t r = r0_; r < end_; ++r) {                                                   \
+        __asm__("" : "+r"(op_)); /* a memory operand at every use */                         \
+        const uint8_t *row_ = b + r * ldb;                                                   \
+        NM_PACKED_GEMV_PREFETCH(row_, ldb);                                                  \
+        const __m256 al_ = _mm256_set1_ps(a[2 * r]), ah_ = _mm256_set1_ps(a[2 * r + 1]);     \
+        _Pragma("GCC unroll 6") for (int w_ = 0; w_ < W_; ++w_) {                            \
+            __m256 lo_, hi_;                                                                 \
+            nibbles8(row_ + w_ / 3 * slb + (w_ % 3) * 8, &lo_, &hi_);                        \
+            const __m256 off_ = _mm256_load_ps(op_ + 8 * w_);                                \
+            const __m256 wl_ = _mm256_fmadd_ps(lo_, scales_[w_], off_);                      \
+            const __m256 wh_ = _mm256_fmadd_ps(hi_, scales_[w_], off_);                      \
+            acc_[w_] = _mm256_fmadd_ps(al_, wl_, acc_[w_]);                                  \
+            acc_[w_] = _mm256_fmadd_ps(ah_, wh_, acc_[w_]);                                  \
+        }                                                                                    \
+    }
+
 /* Q4_1's packed gemv (one row, two slivers, 6 accumulators) with each block's offsets
  * widened once into a stack array and read from it at every use, through a pointer the
  * compiler cannot follow, so that the decode's FMA takes them as a memory operand. The
@@ -296,23 +318,7 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
                 scales_[i_] = WIDEN8(s + 8 * i_);                                            \
                 _mm256_store_ps(offsets_ + 8 * i_, WIDEN8(o + 8 * i_));                      \
             }                                                                                \
-            const float *op_ = offsets_;                                                     \
-            const int64_t end_ = k / 2 - r0_ < block_ ? k / 2 : r0_ + block_;                \
-            for (int64_t r = r0_; r < end_; ++r) {                                           \
-                __asm__("" : "+r"(op_)); /* a memory operand at every use: see above */      \
-                const uint8_t *row_ = b + r * ldb;                                           \
-                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                const __m256 al_ = _mm256_set1_ps(a[2 * r]), ah_ = _mm256_set1_ps(a[2 * r + 1]); \
-                _Pragma("GCC unroll 6") for (int w_ = 0; w_ < W_; ++w_) {                    \
-                    __m256 lo_, hi_;                                                         \
-                    nibbles8(row_ + w_ / 3 * slb + (w_ % 3) * 8, &lo_, &hi_);                \
-                    const __m256 off_ = _mm256_load_ps(op_ + 8 * w_);                        \
-                    const __m256 wl_ = _mm256_fmadd_ps(lo_, scales_[w_], off_);              \
-                    const __m256 wh_ = _mm256_fmadd_ps(hi_, scales_[w_], off_);              \
-                    acc_[w_] = _mm256_fmadd_ps(al_, wl_, acc_[w_]);                          \
-                    acc_[w_] = _mm256_fmadd_ps(ah_, wh_, acc_[w_]);                          \
-                }                                                                            \
-            }                                                                                \
+            Q4_1_STAGED_BLOCK_ROWS(W_);                                                      \
         }                                                                                    \
         _Pragma("GCC unroll 6") for (int i_ = 0; i_ < W_; ++i_)                              \
             _mm256_storeu_ps(c + i_ / 3 * NR + (i_ % 3) * 8, acc_[i_]);                       \
@@ -328,6 +334,113 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 #define gemv_packed_q4_1_half_staged_avx2_one_ gemv_packed_q4_1_half_avx2_one_
 NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_staged_avx2, float, _mm256_loadu_ps)
 NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_half_staged_avx2, uint16_t, LOAD8_HALF)
+
+/* Q4_1's packed gemv on a factored grid (nm_gemv_packed_factored_fn: the K types' Q4_K and
+ * Q2_K), SL slivers at a time: the staged walk above with each block's scales and offsets
+ * made from its int8 codes and its super-block's factors (vpmovsxbd, vcvtdq2ps, vmulps: the
+ * frame's widen_factored, three operations where a float32 grid's scale is one load), so
+ * the frame needs no pass of its own over the grid and the walk no chunks of k. The same
+ * products, the same fma(q, scale, offset): the same bits. */
+#define FACTORED8(cp, fp)                                                                    \
+    _mm256_mul_ps(_mm256_loadu_ps(fp),                                                       \
+                  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(cp)))))
+#define NM_DEFINE_Q4_1_FACTORED_SLIVERS(NAME, SL)                                            \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, const uint8_t *b, \
+                     float *c, const int8_t *cs, const int8_t *co, const float *fs,          \
+                     const float *fo, int64_t bk, int64_t ld, int64_t per_super) {           \
+        enum { W_ = (SL) * NR / 8 };                                                         \
+        const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
+        __m256 acc_[W_];                                                                     \
+        _Pragma("GCC unroll 6") for (int i_ = 0; i_ < W_; ++i_)                              \
+            acc_[i_] = _mm256_loadu_ps(c + i_ / 3 * NR + (i_ % 3) * 8);                       \
+        for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
+            _Alignas(32) float offsets_[W_ * 8];                                             \
+            __m256 scales_[W_];                                                              \
+            _Pragma("GCC unroll 6") for (int i_ = 0; i_ < W_; ++i_) {                        \
+                scales_[i_] = FACTORED8(cs + 8 * i_, fs + 8 * i_);                           \
+                _mm256_store_ps(offsets_ + 8 * i_, FACTORED8(co + 8 * i_, fo + 8 * i_));     \
+            }                                                                                \
+            Q4_1_STAGED_BLOCK_ROWS(W_);                                                      \
+            /* the next block's codes, the next super-block's factors after per_super (never \
+             * past the last, not even as an unread pointer) */                              \
+            if (r0_ + block_ >= k / 2) break;                                                \
+            cs += ld, co += ld;                                                              \
+            if (--left_ == 0) fs += ld, fo += ld, left_ = per_super;                         \
+        }                                                                                    \
+        _Pragma("GCC unroll 6") for (int i_ = 0; i_ < W_; ++i_)                              \
+            _mm256_storeu_ps(c + i_ / 3 * NR + (i_ % 3) * 8, acc_[i_]);                       \
+    }
+NM_DEFINE_Q4_1_FACTORED_SLIVERS(gemv_packed_q4_1_factored_avx2_group_, 2)
+NM_DEFINE_Q4_1_FACTORED_SLIVERS(gemv_packed_q4_1_factored_avx2_one_, 1)
+
+/* A factored walk (nm_gemv_packed_factored_fn) from its G-sliver and one-sliver parts: G
+ * slivers at a time, then one; the last, narrower than NR, on a zero-padded copy of its C
+ * (its padding columns' codes and factors are the grid's, read, their results dropped). */
+#define NM_DEFINE_FACTORED_WALK(NAME, G)                                                     \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
+                     const uint8_t *b, float *c, const int8_t *cs, const int8_t *co,         \
+                     const float *fs, const float *fo, int64_t bk, int64_t ld,               \
+                     int64_t per_super) {                                                    \
+        int64_t j = 0;                                                                       \
+        for (; j + (G) * NR <= n; j += (G) * NR)                                             \
+            NAME##_group_(k, ldb, slb, a, b + j / NR * slb, c + j, cs + j, co ? co + j : NULL, \
+                          fs + j, fo ? fo + j : NULL, bk, ld, per_super);                    \
+        for (; j + NR <= n; j += NR)                                                         \
+            NAME##_one_(k, ldb, slb, a, b + j / NR * slb, c + j, cs + j, co ? co + j : NULL,   \
+                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
+        if (j < n) {                                                                         \
+            _Alignas(32) float tail[NR] = {0};                                               \
+            memcpy(tail, c + j, (size_t)(n - j) * sizeof(float));                           \
+            NAME##_one_(k, ldb, slb, a, b + j / NR * slb, tail, cs + j, co ? co + j : NULL,    \
+                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
+            memcpy(c + j, tail, (size_t)(n - j) * sizeof(float));                           \
+        }                                                                                    \
+    }
+NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_avx2, 2)
+
+/* Q8_0's packed gemv on a factored grid (the K types' Q6_K, Q3_K and IQ4_XS), SL slivers at
+ * a time: each block's scales made as above into a stack array, read by each weight
+ * vector's multiplication as a memory operand (12 accumulators leave no registers for
+ * them), w = q * scale, then the chain's fma: the template's operations, the same bits. */
+#define NM_DEFINE_Q8_0_FACTORED_SLIVERS(NAME, SL)                                            \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, const uint8_t *b, \
+                     float *c, const int8_t *cs, const int8_t *co, const float *fs,          \
+                     const float *fo, int64_t bk, int64_t ld, int64_t per_super) {           \
+        (void)co, (void)fo; /* no offsets */                                                 \
+        enum { W_ = (SL) * NR / 8 };                                                         \
+        const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \
+        __m256 acc_[W_];                                                                     \
+        _Pragma("GCC unroll 12") for (int i_ = 0; i_ < W_; ++i_)                             \
+            acc_[i_] = _mm256_loadu_ps(c + i_ / 3 * NR + (i_ % 3) * 8);                       \
+        for (int64_t p0_ = 0, left_ = per_super; p0_ < k; p0_ += block_) {                   \
+            _Alignas(32) float scales_[W_ * 8];                                              \
+            _Pragma("GCC unroll 12") for (int i_ = 0; i_ < W_; ++i_)                         \
+                _mm256_store_ps(scales_ + 8 * i_, FACTORED8(cs + 8 * i_, fs + 8 * i_));      \
+            const float *sp_ = scales_;                                                      \
+            const int64_t end_ = k - p0_ < block_ ? k : p0_ + block_;                        \
+            for (int64_t p = p0_; p < end_; ++p) {                                           \
+                __asm__("" : "+r"(sp_)); /* a memory operand at every use */                \
+                const uint8_t *row_ = b + p * ldb;                                           \
+                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
+                const __m256 ap_ = _mm256_set1_ps(a[p]);                                     \
+                _Pragma("GCC unroll 12") for (int w_ = 0; w_ < W_; ++w_) {                   \
+                    const __m256 wv_ = _mm256_mul_ps(                                        \
+                        load8_q8_0(row_ + w_ / 3 * slb + (w_ % 3) * 8),                      \
+                        _mm256_load_ps(sp_ + 8 * w_));                                       \
+                    acc_[w_] = _mm256_fmadd_ps(ap_, wv_, acc_[w_]);                          \
+                }                                                                            \
+            }                                                                                \
+            if (p0_ + block_ >= k) break; /* never past the last block */                    \
+            cs += ld;                                                                        \
+            if (--left_ == 0) fs += ld, left_ = per_super;                                   \
+        }                                                                                    \
+        _Pragma("GCC unroll 12") for (int i_ = 0; i_ < W_; ++i_)                             \
+            _mm256_storeu_ps(c + i_ / 3 * NR + (i_ % 3) * 8, acc_[i_]);                       \
+    }
+NM_DEFINE_Q8_0_FACTORED_SLIVERS(gemv_packed_q8_0_factored_avx2_group_, 4)
+NM_DEFINE_Q8_0_FACTORED_SLIVERS(gemv_packed_q8_0_factored_avx2_one_, 1)
+
+NM_DEFINE_FACTORED_WALK(gemv_packed_q8_0_factored_avx2, 4)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
@@ -401,11 +514,29 @@ typedef uint64_t v4u_avx2 __attribute__((vector_size(32)));
 NM_DEFINE_VECTOR_EXP(exp_v4d_avx2, v4d_avx2, v4i_avx2, v4u_avx2)
 NM_DEFINE_SILU_ARRAY(silu_avx2, v4d_avx2, 4, exp_v4d_avx2)
 
+/* ---- a factored grid's blocks multiplied out (the frame's, for the K types) ---------
+ * 8 codes a step: widened, converted (exact), times the factors. The plain loop compiled
+ * with these flags took about 0.5 cycles a value on a Zen 3 for rows of 96, its checks and
+ * tails costing as much as the work; this takes 4 operations a vector. */
+static void widen_factored_avx2(const int8_t *c, int64_t ldc, const float *f, int64_t rows,
+                                int64_t w, float *out) {
+    for (int64_t r = 0; r < rows; ++r, c += ldc, out += w) {
+        int64_t x = 0;
+        for (; x + 8 <= w; x += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + x)));
+            _mm256_storeu_ps(out + x, _mm256_mul_ps(_mm256_loadu_ps(f + x), _mm256_cvtepi32_ps(q)));
+        }
+        for (; x < w; ++x) out[x] = f[x] * (float)c[x];
+    }
+}
+
 NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx2";
     row->silu = silu_avx2;
     row->silu_name = "silu_avx2";
+    row->widen_factored = widen_factored_avx2;
+    row->widen_factored_name = "widen_factored_avx2";
     row->mr = MR;
     row->nr = NR;
     row->pack_width = PACK_WIDTH;
@@ -417,6 +548,8 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     NM_SET_HALF_SCALE_SLOTS(row, avx2);
     NM_SET_SLOT(row, gemv_packed, NM_FMT_Q4_1, gemv_packed_q4_1_staged_avx2);
     NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_1, gemv_packed_q4_1_half_staged_avx2);
+    NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q4_1, gemv_packed_q4_1_factored_avx2);
+    NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q8_0, gemv_packed_q8_0_factored_avx2);
     NM_SET_MATMUL_SLOTS(row, pack, avx2);
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";

@@ -388,11 +388,17 @@ typedef uint64_t v8u_avx512 __attribute__((vector_size(64)));
 NM_DEFINE_VECTOR_EXP(exp_v8d_avx512, v8d_avx512, v8i_avx512, v8u_avx512)
 NM_DEFINE_SILU_ARRAY(silu_avx512, v8d_avx512, 8, exp_v8d_avx512)
 
+/* ---- a factored grid's blocks multiplied out (the frame's, for the K types) --------- */
+
+NM_DEFINE_WIDEN_FACTORED(widen_factored_avx512)
+
 NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
     row->isa = "avx512";
     row->silu = silu_avx512;
     row->silu_name = "silu_avx512";
+    row->widen_factored = widen_factored_avx512;
+    row->widen_factored_name = "widen_factored_avx512";
     row->mr = MR;
     row->nr = NR;
     row->pack_width = PACK_WIDTH;

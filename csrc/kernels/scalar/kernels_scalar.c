@@ -179,6 +179,7 @@ static float probe_read_scalar(const float *buf, int64_t n) {
 
 /* SiLU: ops/exact_math.h's two-lane version (GNU C vectors; plain C elsewhere) */
 static void silu_scalar(int64_t n, const float *x, float *y) { nm_silu_array(n, x, y); }
+NM_DEFINE_WIDEN_FACTORED(widen_factored_scalar)
 
 NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     memset(row, 0, sizeof *row);
@@ -197,6 +198,8 @@ NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     row->ukernel_name = "ukernel_4x8_scalar";
     row->silu = silu_scalar;
     row->silu_name = "silu_scalar";
+    row->widen_factored = widen_factored_scalar;
+    row->widen_factored_name = "widen_factored_scalar";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, scalar);
     /* no faster decode for finite FP8 weights in portable C: the exact kernels serve them */
     NM_SET_FINITE_SLOTS(row, gemv_packed, scalar);

@@ -9,7 +9,7 @@ import torch
 
 from .._formats import Format
 from .._scales import Scales
-from .._weights import TorchWeights
+from .._weights import TorchWeights, factored_values
 from ._layer import _BY_CODE, Linear, _eager, _numpy_bits, buffer_grid, numpy_grid
 
 
@@ -68,7 +68,8 @@ def _tied_rows(ids: np.ndarray, bits: np.ndarray, grid: np.ndarray | None, fmt: 
     ``dim`` inputs): row t is the layer's output feature t, its codes and scales read where
     the kernels read them, row-major ``(dim / kpack, n)`` or packed ``(groups, dim / kpack,
     width)`` bits, a kernels' grid (``Weights.kernel_scales``: the scales, then the offsets;
-    2-D, or sliver-major 3-D for packed weights; float16 or float32) of ``block`` rows."""
+    2-D, or sliver-major 3-D for packed weights; float16, float32 or factored) of ``block``
+    rows."""
     flat = _flat_ids(ids, count)
     if bits.ndim == 3:  # packed: column t in group t // width, at t % width
         width = bits.shape[2]
@@ -78,7 +79,13 @@ def _tied_rows(ids: np.ndarray, bits: np.ndarray, grid: np.ndarray | None, fmt: 
     scales = offsets = None
     if grid is not None:
         parts = 2 if fmt.offsets else 1
-        if grid.ndim == 3:
+        if grid.dtype == np.int8:  # factored: these columns multiplied out as the kernels do
+            values = factored_values(grid, parts, -(-dim // block), flat)
+            blocks = values.shape[0] // parts
+            scales = values[:blocks].T
+            if fmt.offsets:
+                offsets = values[blocks:].T
+        elif grid.ndim == 3:
             width, slivers = grid.shape[2], grid.shape[0] // parts
             scales = grid[flat // width, :, flat % width]
             if fmt.offsets:

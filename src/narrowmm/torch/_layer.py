@@ -27,14 +27,17 @@ def _numpy_bits(weight: torch.Tensor, fmt: Format) -> np.ndarray:
 
 def buffer_grid(grid: np.ndarray) -> torch.Tensor:
     """A grid of scales as a module buffer: its bits as int16 (a float16 grid) or int32 (a
-    float32 one), so that ``module.half()``, ``.float()`` or ``.to(dtype)``, which cast
-    floating buffers, leave its values (and the layer's bits) alone."""
+    float32 one), a factored grid as it is (int8), so that ``module.half()``, ``.float()``
+    or ``.to(dtype)``, which cast floating buffers, leave its values (and the layer's bits)
+    alone."""
+    if grid.dtype == np.int8:
+        return torch.from_numpy(grid)
     return torch.from_numpy(grid.view(np.int16) if grid.dtype == np.float16
                             else grid.view(np.int32))
 
 
 def numpy_grid(grid: torch.Tensor) -> np.ndarray:
-    """The float16 or float32 grid a :func:`buffer_grid` buffer holds."""
+    """The float16, float32 or factored (int8) grid a :func:`buffer_grid` buffer holds."""
     a = grid.numpy()
     return a.view({np.dtype(np.int16): np.float16, np.dtype(np.int32): np.float32}.get(
         a.dtype, a.dtype))
@@ -53,8 +56,10 @@ def _layer_weights(weight: torch.Tensor, fmt: Format, out_features: int, packed:
     if scales is not None:  # read from the grid when asked, not copied (GridScales)
         grid = numpy_grid(scales)
         parts = 2 if fmt.offsets else 1
-        plain = GridScales(grid, 0, parts, out_features, scale_block, fmt.scale_exponent)
-        offsets = GridScales(grid, 1, parts, out_features, scale_block) if fmt.offsets else None
+        k = (bits.shape[1] if packed else bits.shape[0]) * fmt.kpack
+        plain = GridScales(grid, 0, parts, out_features, scale_block, fmt.scale_exponent, k)
+        offsets = (GridScales(grid, 1, parts, out_features, scale_block, k=k) if fmt.offsets
+                   else None)
     w = (PackedWeights(bits, out_features, fmt, _pack_isa(bits.shape[2], fmt), plain, offsets)
          if packed else Weights.from_bits(bits, fmt, plain, offsets))
     if grid is not None:
