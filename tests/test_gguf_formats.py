@@ -698,7 +698,8 @@ def test_factored_grids_refuse_shapes_that_do_not_cover_k():
         want = nm.matmul(x, nm.Weights.from_bits(q, "q4_1", nm.Scales.blocks(grid[:24], (32, 1)),
                                                  nm.Scales.blocks(grid[24:], (32, 1))))
     assert_same_bits(out, want)
-    for bad, bk in ((f[:-1], 32), (f, 128), (f, 16), (f.reshape(-1), 32),
+    for bad, bk in ((f[:-1], 32), (f, 128), (f, 16), (f.reshape(-1), 32), (np.int8(3), 32),
+                    (f.reshape(2, 36, 40), 32),  # 3-D: only for packed weights
                     (np.zeros((2 * (4 * 5 + 24), n), np.int8), 32)):  # 24 blocks, 5 supers
         blocks = -(-k // bk)
         with pytest.raises(ValueError, match=r"a factored \(int8\) grid must be float-aligned, "

@@ -129,7 +129,7 @@ static int get_factored_scales(int fmt, const Py_buffer *view, long long bk, int
                          : view->ndim == 2 ? view->shape[1] : 0;
     const int64_t supers = rows > blocks ? (rows - blocks) / 4 : 0;
     if ((view->ndim != 2 && !group_major) || (uintptr_t)view->buf % sizeof(float) ||
-        view->shape[0] % grids || supers < 1 || 4 * supers + blocks != rows ||
+        view->shape[0] % grids || supers < 1 || 4 * supers + blocks != rows || /* 2-D, 3-D */
         blocks % supers || cols < min_ld || (group_major && view->shape[2] != sliver)) {
         char packed[96] = "";
         if (sliver > 0)
@@ -140,7 +140,8 @@ static int get_factored_scales(int fmt, const Py_buffer *view, long long bk, int
                      "%lld), >= %lld)%s, with %lld blocks a multiple of supers, for k in blocks "
                      "of %lld rows; got %d-D, shape (%lld, %lld, ...)",
                      (long long)grids, (long long)blocks, (long long)min_ld, packed,
-                     (long long)blocks, bk, view->ndim, (long long)view->shape[0],
+                     (long long)blocks, bk, view->ndim,
+                     (long long)(view->ndim >= 1 ? view->shape[0] : -1),
                      (long long)(view->ndim >= 2 ? view->shape[1] : -1));
         return -1;
     }
