@@ -503,13 +503,20 @@ static void row_range(int64_t m, int64_t mr, int part, int parts, int64_t *begin
  * at m = 1 ran 0.85-0.87x the float32 grid's so, 0.97-0.99x on the avx2 walk (a prefetch of
  * the next chunk's grid lines changed nothing: a group-major grid's runs are long enough
  * for the hardware's). */
+/* The row's own walk for `rows` rows of packed weights under a factored grid
+ * (gemv_packed_factored: one row only), or NULL: then factored_chunks multiplies the grid
+ * out into its buffer. */
+static nm_gemv_packed_factored_fn factored_walk(const matmul_job *job, int64_t rows) {
+    return rows == 1 ? job->isa->gemv_packed_factored[job->fmt] : NULL;
+}
+
 static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64_t jc,
                             int64_t w, int64_t k_chunk, int64_t slb, float *scale_buf) {
     const nm_isa_kernels *isa = job->isa;
     const nm_scales *sc = job->scales;
     const int64_t bk = sc->bk;
-    const nm_gemv_packed_factored_fn fused = isa->gemv_packed_factored[job->fmt];
-    if (i1 - i0 == 1 && fused) { /* one row on a row with a walk of its own for the grid */
+    const nm_gemv_packed_factored_fn fused = factored_walk(job, i1 - i0);
+    if (fused) { /* one row on a row with a walk of its own for the grid: no buffer */
         int64_t ldb;
         const uint8_t *b = weights_at(job, 0, jc, &ldb);
         const int64_t f_at = nm_factor_offset(sc, 0, jc), c_at = nm_grid_offset(sc, 0, jc);
@@ -579,8 +586,9 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         /* the packed walks read whole slivers' scales, the last one's padding too */
         const int64_t chunk_pad = (chunk + isa->nr - 1) / isa->nr * isa->nr;
         const size_t s_bytes = (size_t)(2 * call_blocks * chunk_pad) * sizeof(float);
-        float *scale_buf = widen ? aligned_alloc(64, (s_bytes + 63) / 64 * 64) : NULL;
-        if (widen && !scale_buf) {
+        const int buffered = widen && !(k_chunk && factored_walk(job, rows));
+        float *scale_buf = buffered ? aligned_alloc(64, (s_bytes + 63) / 64 * 64) : NULL;
+        if (buffered && !scale_buf) {
             atomic_store(&job->failed, 1);
             return;
         }
