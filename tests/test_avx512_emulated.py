@@ -308,7 +308,8 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
                s_ld=grid.shape[1], s_bk=bk, s_finite=int(finite),
                s_half=int(grid.dtype == np.float16), s_per_super=per_super)
     if packed_layout:
-        slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_PACK_WIDTH)
+        slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_PACK_WIDTH,
+                               f.packed_xor)
         job = dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0)
         cols = slivers.shape[0] * AVX512_PACK_WIDTH
         if per_super > 1 and rng.integers(2):  # factored, group-major, as packed weights keep it

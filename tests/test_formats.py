@@ -9,7 +9,7 @@ from narrowmm.providers.native import core
 def test_python_and_c_format_tables_agree():
     c_table = list(core().formats())
     py_table = [(f.code, f.name, f.itemsize, int(f.scaled), f.scale_exponent, f.kpack,
-                 int(f.offsets), int(f.half_scales)) for f in FORMATS.values()]
+                 int(f.offsets), int(f.half_scales), f.packed_xor) for f in FORMATS.values()]
     assert sorted(c_table) == sorted(py_table)
 
 

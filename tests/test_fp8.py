@@ -45,7 +45,7 @@ def test_the_fp8_rows_of_the_format_table():
         assert f.max_finite == MAX[name]
         assert nm.get_format("float8_" + name) is f
     c_rows = {name: (code, size, scaled, r, kpack, offset)
-              for code, name, size, scaled, r, kpack, offset, _ in core().formats()}
+              for code, name, size, scaled, r, kpack, offset, _, _ in core().formats()}
     for f in nm.FORMATS.values():
         assert c_rows[f.name] == (f.code, f.itemsize, int(f.scaled), f.scale_exponent,
                                   f.kpack, int(f.offsets))

@@ -48,8 +48,8 @@ def gguf_values(values: np.ndarray, fmt: str) -> np.ndarray:
 def test_the_rows_of_the_format_table():
     want = {"q8_0": (5, 1, 1, -128.0, 127.0), "q4_0": (6, 1, 2, -8.0, 7.0),
             "q4_1": (7, 1, 2, 0.0, 15.0), "q5_1": (8, 1, 1, 0.0, 31.0)}
-    c_rows = {name: (code, size, scaled, kpack, offset, half)
-              for code, name, size, scaled, _, kpack, offset, half in core().formats()}
+    c_rows = {name: (code, size, scaled, kpack, offset, half, xor)
+              for code, name, size, scaled, _, kpack, offset, half, xor in core().formats()}
     for name, (code, size, kpack, lo, hi) in want.items():
         f = nm.get_format(name)
         assert (f.code, f.itemsize, f.kpack, f.min_code, f.max_finite) == (code, size, kpack,
@@ -57,7 +57,9 @@ def test_the_rows_of_the_format_table():
         assert f.scaled and f.integer and f.gguf_block == 32 and f.special_bits == 0
         assert f.offsets == (name in ("q4_1", "q5_1"))
         assert f.half_scales
-        assert c_rows[name] == (code, size, 1, kpack, int(f.offsets), int(f.half_scales))
+        assert f.packed_xor == (0x88 if name == "q4_0" else 0)
+        assert c_rows[name] == (code, size, 1, kpack, int(f.offsets), int(f.half_scales),
+                                f.packed_xor)
 
 
 def code_values(fmt: str) -> np.ndarray:

@@ -21,15 +21,16 @@
 #include "threads.h"
 
 const nm_format_info nm_format_table[NM_FMT_COUNT] = {
-    [NM_FMT_F32] = {"f32", 4, 0, 0, 1, 0, 0},
-    [NM_FMT_FP16] = {"fp16", 2, 0, 0, 1, 0, 0},
-    [NM_FMT_BF16] = {"bf16", 2, 0, 0, 1, 0, 0},
-    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8, 1, 0, 0}, /* 15 - 7: binary16's bias against e4m3fn's */
-    [NM_FMT_E5M2] = {"e5m2", 1, 1, 0, 1, 0, 0},     /* e5m2 is a binary16's top byte */
-    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0, 1},     /* raw() is the int8 code itself */
-    [NM_FMT_Q4_0] = {"q4_0", 1, 1, 0, 2, 0, 1},     /* raw() is q - 8 */
-    [NM_FMT_Q4_1] = {"q4_1", 1, 1, 0, 2, 1, 1},     /* raw() is q, then fma with d and m */
-    [NM_FMT_Q5_1] = {"q5_1", 1, 1, 0, 1, 1, 1},     /* raw() is q, then fma with d and m */
+    [NM_FMT_F32] = {"f32", 4, 0, 0, 1, 0, 0, 0},
+    [NM_FMT_FP16] = {"fp16", 2, 0, 0, 1, 0, 0, 0},
+    [NM_FMT_BF16] = {"bf16", 2, 0, 0, 1, 0, 0, 0},
+    /* e4m3fn's r: 15 - 7, binary16's bias against e4m3fn's */
+    [NM_FMT_E4M3FN] = {"e4m3fn", 1, 1, 8, 1, 0, 0, 0},
+    [NM_FMT_E5M2] = {"e5m2", 1, 1, 0, 1, 0, 0, 0},  /* e5m2 is a binary16's top byte */
+    [NM_FMT_Q8_0] = {"q8_0", 1, 1, 0, 1, 0, 1, 0},  /* raw() is the int8 code itself */
+    [NM_FMT_Q4_0] = {"q4_0", 1, 1, 0, 2, 0, 1, 0x88}, /* raw() is q - 8 */
+    [NM_FMT_Q4_1] = {"q4_1", 1, 1, 0, 2, 1, 1, 0},  /* raw() is q, then fma with d and m */
+    [NM_FMT_Q5_1] = {"q5_1", 1, 1, 0, 1, 1, 1, 0},  /* raw() is q, then fma with d and m */
 };
 
 /* Column ranges handed to threads are multiples of this many columns on row-major weights: a
@@ -87,6 +88,7 @@ typedef struct matmul_job {
     const nm_isa_kernels *isa; /* the ISA row's kernel table */
     int fmt;
     int slot; /* the row's matmul slot: fmt, or its finite-weights variant */
+    int pack_slot; /* its packing slot: slot, or the one of fmt's packed codes (nm_pack_slot) */
     int64_t m, n, k;
     const float *a;
     int64_t lda;
@@ -312,7 +314,7 @@ static void pack_narrow_sliver(const matmul_job *job, int64_t pc, int64_t kc, in
         const int64_t t = job->scales ? p / job->scales->bk - pc / job->scales->bk : 0;
         int64_t ldb;
         const uint8_t *b = weights_at(job, p, jr, &ldb);
-        job->isa->pack[job->slot](pe - p, w, b, ldb, (int)nr, sliver + (p - pc) * nr,
+        job->isa->pack[job->pack_slot](pe - p, w, b, ldb, (int)nr, sliver + (p - pc) * nr,
                                   s ? s + t * lds : NULL, o ? o + t * lds : NULL);
     }
 }
@@ -343,8 +345,8 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
         if (ic == 0 && w == nr) {
             int64_t ldb;
             const uint8_t *b = weights_at(job, pc, jr, &ldb);
-            isa->ukernel_pack[job->slot](kc, rows, ap, b, ldb, sliver, c_tile, ldc, c_next, s,
-                                        o, sc ? sc->bk : kc, lds);
+            isa->ukernel_pack[job->pack_slot](kc, rows, ap, b, ldb, sliver, c_tile, ldc, c_next,
+                                             s, o, sc ? sc->bk : kc, lds);
         } else {
             if (ic == 0) pack_narrow_sliver(job, pc, kc, jr, w, sliver, s, o, lds);
             isa->ukernel(kc, rows, w, ap, sliver, c_tile, ldc, c_next);
@@ -734,8 +736,9 @@ static int matmul_setup(matmul_job *job, const nm_isa_kernels *isa, int fmt, int
     const int64_t kpack = nm_format_table[fmt].kpack;
     if (k % kpack || (scales && scales->bk < k && scales->bk % kpack)) return NM_EINVAL;
     const int slot = scales && scales->finite ? nm_finite_slot(fmt) : fmt;
-    *job = (matmul_job){.isa = isa, .fmt = fmt, .slot = slot, .m = m, .n = n, .k = k, .a = a,
-                        .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = ldc,
+    *job = (matmul_job){.isa = isa, .fmt = fmt, .slot = slot,
+                        .pack_slot = nm_pack_slot(slot, fmt, packed), .m = m, .n = n, .k = k,
+                        .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = ldc,
                         .accumulate = accumulate, .bias = bias, .packed = packed,
                         .scales = scales,
                         .long_k_blocks = long_k_blocks(isa, fmt, m, packed, scales),

@@ -107,8 +107,10 @@ int nm_matmul(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t 
  * the formats of a byte or less a weight, one for the others), group g
  * holding columns [g*W, g*W + W) as k / kpack stored rows of W contiguous elements (stored
  * row r at byte (g*k/kpack + r) * W * itemsize from b: nm_packed_offset), the columns past n
- * zero. Same bits as nm_matmul on the same matrix: only where the weights are read from
- * changes. Like the grids (nm_scales), b is best on a 64-byte line. */
+ * zero, each byte XOR-ed with the format's packed_xor (nm_format_info: Q4_0's 0x88, so its
+ * padding bytes are 0x88; nm_packed_code). Same bits as nm_matmul on the same matrix: only
+ * where the weights are read from changes. Like the grids (nm_scales), b is best on a 64-byte
+ * line. */
 int nm_matmul_packed(const nm_isa_kernels *row, int fmt, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t lda, const uint8_t *b, float *c, int64_t ldc,
                      int accumulate, const float *bias, const nm_scales *scales);
@@ -308,6 +310,12 @@ static inline int64_t nm_pack_width(const nm_isa_kernels *row, int fmt) {
 static inline int64_t nm_packed_offset(int64_t k, int64_t width, int64_t itemsize, int64_t p,
                                        int64_t j) {
     return (((j / width) * k + p) * width + j % width) * itemsize;
+}
+
+/* A byte of format fmt's row-major codes as packed weights hold it, or a packed byte as the
+ * row-major code (the XOR with nm_format_info.packed_xor is its own inverse). */
+static inline uint8_t nm_packed_code(int fmt, uint8_t byte) {
+    return (uint8_t)(byte ^ nm_format_table[fmt].packed_xor);
 }
 
 #endif

@@ -30,6 +30,10 @@ typedef struct nm_format_info {
     int offset;       /* the weights also carry offsets (nm_scales.o): Q4_1, Q5_1 */
     int half_scales;  /* the scales (and offsets) may come as binary16 grids (nm_scales.s16):
                        * the GGUF formats, whose d and m are binary16 in the file */
+    int packed_xor;   /* packed weights (nm_matmul_packed) hold each stored byte XOR-ed with
+                       * this: Q4_0's 0x88 makes each nibble q - 8 in two's complement, a
+                       * code the avx2 row widens and scales in fewer operations; 0 for the
+                       * others. Row-major weights hold the codes as they are. */
 } nm_format_info;
 
 extern const nm_format_info nm_format_table[NM_FMT_COUNT];

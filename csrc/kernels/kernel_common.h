@@ -733,10 +733,11 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
 #define NM_PACKED_LDB(ITEM, NRW) (NM_PACK_WIDTH_OF((ITEM), (NRW), PACK_WIDTH) * (ITEM))
 
 /* Packing (nm_pack_fn) a kc x nc block into float32 slivers of width nr: stored row r gives
- * sliver rows 2r and 2r + 1; whole vectors, then single codes, then zeros up to nr. On packed
+ * sliver rows 2r and 2r + 1; whole vectors, then single codes (each byte XOR-ed with
+ * CODE_XOR first: Q4_0's packed codes), then zeros up to nr. On packed
  * weights (ldb = NM_PACKED_LDB) a prefetch 32 stored rows down, as in the avx512 row's fused
  * tile: the rows of a sliver are a group's row apart. */
-#define NM_DEFINE_NIBBLE_PACK(FMT, ISA, VEC, L, NRW, STOREF, NIBBLES, DEQ, DEQ1)             \
+#define NM_DEFINE_NIBBLE_PACK(FMT, ISA, VEC, L, NRW, STOREF, NIBBLES, DEQ, DEQ1, CODE_XOR)   \
     static void pack_##FMT##_##ISA(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb,   \
                                    int nr, float *dst, const float *s, const float *o) {    \
         (void)o;                                                                             \
@@ -757,7 +758,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                 /* the last columns (fewer than L), one by one; the explicit bound keeps   \
                  * GCC 12 from warning about an iteration past 2^62 that cannot happen */     \
                 for (int t_ = 0; t_ < (L) && j < w; ++t_, ++j) {                             \
-                    const unsigned q_ = src[j];                                              \
+                    const unsigned q_ = src[j] ^ (CODE_XOR); /* the code as it was */        \
                     lo[j] = DEQ1(NM_NIBBLE_LO(q_), s + j0 + j, o + j0 + j);                  \
                     hi[j] = DEQ1(NM_NIBBLE_HI(q_), s + j0 + j, o + j0 + j);                  \
                 }                                                                            \
@@ -779,31 +780,39 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
 /* The slots of both 4-bit formats on a row but the first tile (ukernel_pack, which the row
  * defines, fused or NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS): the gemvs, the packed gemvs
  * and packing; each format with its NIBBLES and DEQ pair, and DEQH, its DEQ on binary16
- * scales (nm_scales.s16) for the packed gemvs. */
+ * scales (nm_scales.s16) for the packed gemvs. Q4_0's packed codes (each byte XOR 0x88, its
+ * nibbles q - 8 in two's complement: nm_format_info.packed_xor) have their own pair,
+ * NIBBLES_Q4_0P and DEQ_Q4_0P / DEQH_Q4_0P, read by its packed gemvs and by the packing
+ * slot of its packed weights (pack_q4_0_packed, NM_SLOT_Q4_0_PACKED). */
 #define NM_DEFINE_NIBBLE_FORMATS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,          \
-                                 NIBBLES_Q4_0, DEQ_Q4_0, DEQH_Q4_0, NIBBLES_Q4_1, DEQ_Q4_1,  \
-                                 DEQH_Q4_1)                                                  \
+                                 NIBBLES_Q4_0, DEQ_Q4_0, NIBBLES_Q4_0P, DEQ_Q4_0P, DEQH_Q4_0P, \
+                                 NIBBLES_Q4_1, DEQ_Q4_1, DEQH_Q4_1)                          \
     NM_DEFINE_NIBBLE_GEMVS(q4_0, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_0,         \
                            DEQ_Q4_0, NM_DEQ1_Q4_0)                                           \
     NM_DEFINE_NIBBLE_GEMVS(q4_1, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_1,         \
                            DEQ_Q4_1, NM_DEQ1_Q4_1)                                           \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0, ISA, float, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,  \
-                                  FMA, NIBBLES_Q4_0, DEQ_Q4_0)                               \
+                                  FMA, NIBBLES_Q4_0P, DEQ_Q4_0P)                             \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1, ISA, float, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,  \
                                   FMA, NIBBLES_Q4_1, DEQ_Q4_1)                               \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0_half, ISA, uint16_t, VEC, L, NRW, G, G2, SET1, LOADC,  \
-                                  STOREC, FMA, NIBBLES_Q4_0, DEQH_Q4_0)                      \
+                                  STOREC, FMA, NIBBLES_Q4_0P, DEQH_Q4_0P)                    \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1_half, ISA, uint16_t, VEC, L, NRW, G, G2, SET1, LOADC,  \
                                   STOREC, FMA, NIBBLES_Q4_1, DEQH_Q4_1)                      \
     NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_0, DEQ_Q4_0,              \
-                          NM_DEQ1_Q4_0)                                                      \
-    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1)
+                          NM_DEQ1_Q4_0, 0)                                                   \
+    NM_DEFINE_NIBBLE_PACK(q4_0_packed, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_0P, DEQ_Q4_0P,     \
+                          NM_DEQ1_Q4_0, 0x88)                                                \
+    NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1, \
+                          0)
 
-/* The first tile of both 4-bit formats as packing then the row's microkernel (UKERNEL; its
- * NR is the row's), for a row without a fused one. */
+/* The first tile of both 4-bit formats (and of Q4_0's packed codes) as packing then the
+ * row's microkernel (UKERNEL; its NR is the row's), for a row without a fused one. */
 #define NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(ISA, UKERNEL, NRW)                           \
     NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_0_##ISA, pack_q4_0_##ISA, UKERNEL, NRW,   \
                                     2)                                                       \
+    NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_0_packed_##ISA, pack_q4_0_packed_##ISA,   \
+                                    UKERNEL, NRW, 2)                                         \
     NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q4_1_##ISA, pack_q4_1_##ISA, UKERNEL, NRW, 2)
 
 #endif

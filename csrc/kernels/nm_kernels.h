@@ -57,6 +57,22 @@ static inline int nm_finite_slot(int fmt) {
                                 : fmt;
 }
 
+/* The packing slots (pack, ukernel_pack) serve row-major and packed weights alike, so a
+ * format whose packed codes differ from its row-major ones (nm_format_info.packed_xor: Q4_0)
+ * has one more: the slot that reads its packed codes. The packed gemvs (gemv_packed,
+ * gemv2_packed and their binary16 forms) only ever read packed weights, so a format's own
+ * slot there reads its packed codes. */
+enum {
+    NM_SLOT_Q4_0_PACKED = NM_MATMUL_SLOTS,
+    NM_PACK_SLOTS
+};
+
+/* The packing slot for a job of matmul slot `slot` of format `fmt` on packed weights
+ * (packed != 0) or row-major ones. */
+static inline int nm_pack_slot(int slot, int fmt, int packed) {
+    return packed && fmt == NM_FMT_Q4_0 ? NM_SLOT_Q4_0_PACKED : slot;
+}
+
 /* m == 1 streaming product over a column range:
  *     c[j] = fma(a[p], w[p][j], c[j])   for p = 0..k-1, j = 0..n-1
  * B element (p, j) is the itemsize bytes at b + p*ldb + j*itemsize (ldb in bytes; b needs
@@ -72,7 +88,8 @@ typedef void (*nm_gemv2_fn)(int64_t k, int64_t n, const float *a, int64_t lda,
 
 /* m == 1 on packed weights (the row's packed layout, see nm_matmul_packed): the same chains
  * as gemv over columns 0..n-1 of slivers of NR columns (NR of the including row) starting at
- * b: stored row p of sliver t at b + t*slb + p*ldb, its columns itemsize bytes apart. In a
+ * b: stored row p of sliver t at b + t*slb + p*ldb, its columns itemsize bytes apart, each
+ * byte XOR-ed with the format's packed_xor (Q4_0's 0x88: nm_formats.h). In a
  * group of several slivers (nm_pack_width > NR: the byte formats) the slivers are side by
  * side, slb = NR*itemsize and ldb the group's row, and the frame never gives a call columns
  * of two groups; in a group of one, slb is a whole sliver (k rows) and ldb = NR*itemsize.
@@ -209,12 +226,12 @@ typedef struct nm_isa_kernels {
     const char *gemv_packed_half_name[NM_FMT_COUNT];
     nm_gemv2_packed_half_fn gemv2_packed_half[NM_FMT_COUNT];
     const char *gemv2_packed_half_name[NM_FMT_COUNT];
-    nm_pack_fn pack[NM_MATMUL_SLOTS];
-    const char *pack_name[NM_MATMUL_SLOTS];
+    nm_pack_fn pack[NM_PACK_SLOTS];
+    const char *pack_name[NM_PACK_SLOTS];
     nm_ukernel_fn ukernel;
     const char *ukernel_name;
-    nm_ukernel_pack_fn ukernel_pack[NM_MATMUL_SLOTS];
-    const char *ukernel_pack_name[NM_MATMUL_SLOTS];
+    nm_ukernel_pack_fn ukernel_pack[NM_PACK_SLOTS];
+    const char *ukernel_pack_name[NM_PACK_SLOTS];
     /* codecs: the 16-bit formats' in decode/encode, the 8-bit ones' in decode8/encode8
      * (f32 needs none) */
     nm_decode_fn decode[NM_FMT_COUNT];
@@ -264,6 +281,12 @@ typedef struct nm_isa_kernels {
      NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_1, gemv2_packed_q4_1_half_##isa),         \
      NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q5_1, gemv_packed_q5_1_half_##isa),           \
      NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q5_1, gemv2_packed_q5_1_half_##isa))
+
+/* The packing slots of Q4_0's packed codes (NM_SLOT_Q4_0_PACKED), named
+ * pack_q4_0_packed_<isa> and ukernel_pack_q4_0_packed_<isa>. */
+#define NM_SET_PACKED_CODE_SLOTS(row, isa)                                                   \
+    (NM_SET_SLOT(row, pack, NM_SLOT_Q4_0_PACKED, pack_q4_0_packed_##isa),                    \
+     NM_SET_SLOT(row, ukernel_pack, NM_SLOT_Q4_0_PACKED, ukernel_pack_q4_0_packed_##isa))
 
 /* The finite-weights slots (NM_SLOT_*_FINITE) from <slot>_<format>_finite_<isa>. */
 #define NM_SET_FINITE_SLOTS(row, slot, isa)                                                  \

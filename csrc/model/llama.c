@@ -81,6 +81,8 @@ static void tied_row(const nm_isa_kernels *row, const nm_linear *L, int64_t t, u
                                     : L->b + t * item;
     const int64_t stride = L->packed ? width * item : L->ldb;
     for (int64_t r = 0; r < stored; ++r) memcpy(tmp + r * item, base + r * stride, (size_t)item);
+    if (L->packed && info->packed_xor) /* the packed codes as the codec reads them */
+        for (int64_t r = 0; r < stored; ++r) tmp[r] = nm_packed_code(L->fmt, tmp[r]);
     decode_codes(row, L->fmt, tmp, L->k, x);
     if (!L->has_scales) return;
     const nm_scales *sc = &L->scales;

@@ -132,11 +132,13 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
                              r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
     }
     if (strcmp(op, "matmul_packed") == 0) {
-        if (!r->gemv_packed[fmt] || !r->gemv2_packed[fmt] || !r->ukernel_pack[fmt] ||
-            !r->ukernel || !r->pack[fmt])
+        /* the packing slots of the format's packed codes (nm_pack_slot) */
+        const int ps = nm_pack_slot(fmt, fmt, 1); /* a finite slot is never Q4_0's */
+        if (!r->gemv_packed[fmt] || !r->gemv2_packed[fmt] || !r->ukernel_pack[ps] ||
+            !r->ukernel || !r->pack[ps])
             return PyList_New(0);
         return Py_BuildValue("[sssss]", r->gemv_packed_name[fmt], r->gemv2_packed_name[fmt],
-                             r->ukernel_pack_name[fmt], r->ukernel_name, r->pack_name[fmt]);
+                             r->ukernel_pack_name[ps], r->ukernel_name, r->pack_name[ps]);
     }
     /* the packed gemvs on binary16 scales of a format with half_scales (nm_kernels.h) */
     /* the m == 1 packed gemv on a factored grid, where the row has one (nm_kernels.h) */
@@ -316,10 +318,11 @@ PyObject *py_formats(PyObject *self, PyObject *noargs) {
     PyObject *list = PyList_New(NM_FMT_COUNT);
     if (!list) return NULL;
     for (int i = 0; i < NM_FMT_COUNT; ++i) {
-        PyObject *t = Py_BuildValue("(isiiiiii)", i, nm_format_table[i].name,
+        PyObject *t = Py_BuildValue("(isiiiiiii)", i, nm_format_table[i].name,
                                     nm_format_table[i].itemsize, nm_format_table[i].scaled,
                                     nm_format_table[i].scale_exponent, nm_format_table[i].kpack,
-                                    nm_format_table[i].offset, nm_format_table[i].half_scales);
+                                    nm_format_table[i].offset, nm_format_table[i].half_scales,
+                                    nm_format_table[i].packed_xor);
         if (!t) {
             Py_DECREF(list);
             return NULL;

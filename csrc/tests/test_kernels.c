@@ -67,6 +67,12 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
+/* One stored element of format fmt (item bytes at src) into packed weights at dst, as
+ * nm_matmul_packed takes them: each byte XOR-ed with the format's packed_xor. */
+static void pack_item(int fmt, uint8_t *dst, const uint8_t *src, int64_t item) {
+    for (int64_t i = 0; i < item; ++i) dst[i] = nm_packed_code(fmt, src[i]);
+}
+
 /* ---- codecs ------------------------------------------------------------------------- */
 
 /* The 8-bit formats: 256 codes each, with scales (and Q5_1 offsets; its API refuses the
@@ -197,7 +203,7 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
             memset(bpk, 0, (size_t)(ldw * K));
             for (int64_t j = 0; j < N; ++j)
                 for (int p = 0; p < K; ++p)
-                    bpk[nm_packed_offset(K, gw, 1, p, j)] = b[1 + p * N + j];
+                    bpk[nm_packed_offset(K, gw, 1, p, j)] = nm_packed_code(fmt, b[1 + p * N + j]);
             const nm_scales scl = {.s = sc, .ld = ld, .bk = K, .finite = finite,
                                    .o = with_offsets ? of : NULL};
             static const int64_t ms[] = {1, 2, 4, 5};
@@ -245,7 +251,7 @@ static void test_sweep_nibbles(const nm_isa_kernels *row) {
         for (int j = 0; j < N; ++j) {
             const unsigned q = (unsigned)j & 255u;
             b[1 + j] = (uint8_t)q;
-            bpk[nm_packed_offset(1, gw, 1, 0, j)] = (uint8_t)q; /* k = 2: one stored row */
+            bpk[nm_packed_offset(1, gw, 1, 0, j)] = nm_packed_code(fmt, (uint8_t)q); /* k = 2 */
             sc[j] = scales[half][j / 256];
             off[j] = with_offsets ? 0.25f * (float)(j % 7) - 0.5f : 0.0f;
             const float lo = (float)(q & 15u), hi = (float)(q >> 4);
@@ -376,7 +382,7 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
             for (int64_t j = 0; j < n; ++j) {
                 const uint8_t *src = q + ((j + 7 * p) % n) * item;
                 memcpy(b + (p * n + j) * item, src, (size_t)item);
-                memcpy(bpk + nm_packed_offset(K, gw, item, p, j), src, (size_t)item);
+                pack_item(fmt, bpk + nm_packed_offset(K, gw, item, p, j), src, item);
             }
         float *sc = xmalloc((size_t)ld * 4), *c = xmalloc((size_t)(5 * n) * 4);
         float *of = xmalloc((size_t)ld * 4); /* zero offsets (Q5_1): fma(q, 1, 0) is q */
@@ -541,8 +547,8 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     memset(bpk, 0, pk_bytes);
     for (int64_t p = 0; p < stored; ++p)
         for (int64_t j = 0; j < n; ++j)
-            memcpy(bpk + nm_packed_offset(stored, gw, itemsize, p, j),
-                   b + p * ldb + j * itemsize, (size_t)itemsize);
+            pack_item(fmt, bpk + nm_packed_offset(stored, gw, itemsize, p, j),
+                      b + p * ldb + j * itemsize, itemsize);
     /* the tested grid group-major (nm_scales.lsl), as the Python side gives packed weights:
      * each group's blocks in a row, in buffers of exactly that size (the columns past the
      * row-major grid's, never read, a finite 1) */

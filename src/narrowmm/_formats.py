@@ -50,6 +50,9 @@ class Format:
             read (``PackedWeights.kernel_scales``).
         code_bits: the low bits of a stored byte that make its code, when the codes do not
             use all eight (Q5_1: 5, so a byte past 31 is refused); 0 when every byte is one.
+        packed_xor: packed weights (:meth:`Weights.pack`) hold each stored byte XOR-ed with
+            this: Q4_0's 0x88 makes each nibble q - 8 in two's complement, which the avx2
+            row decodes in fewer operations (docs/contracts.md); 0 for the others.
     """
 
     name: str
@@ -72,6 +75,7 @@ class Format:
     offsets: bool = False
     half_scales: bool = False
     code_bits: int = 0
+    packed_xor: int = 0
 
     @property
     def max_scale(self) -> float:
@@ -109,7 +113,7 @@ FORMATS: dict[str, Format] = {
         Format("q4_0", 6, 1, np.dtype(np.uint8), 0, 4, (),
                "GGUF Q4_0: 4-bit codes, two rows a byte, (q - 8) times a scale per 32 inputs",
                scaled=True, max_finite=7.0, integer=True, min_code=-8.0, code_bias=8.5,
-               gguf_block=32, kpack=2, half_scales=True),
+               gguf_block=32, kpack=2, half_scales=True, packed_xor=0x88),
         Format("q4_1", 7, 1, np.dtype(np.uint8), 0, 4, (),
                "GGUF Q4_1: 4-bit codes, two rows a byte, q times a scale plus an offset per "
                "32 inputs", scaled=True, max_finite=15.0, integer=True, min_code=0.0,

@@ -702,7 +702,8 @@ class Weights(_ScaledMatrix):
         """
 
         c = checked_core()
-        return PackedWeights(pack_slivers(self.bits, int(c.pack_width(self.format.code))),
+        return PackedWeights(pack_slivers(self.bits, int(c.pack_width(self.format.code)),
+                                          self.format.packed_xor),
                              self.shape[1],
                              self.format, c.isa(), self.scales, self.offsets)
 
@@ -789,17 +790,18 @@ def _quantize_gguf_blocks(cls: type[Weights], a: np.ndarray, fmt: Format,
 # The packed layout, written once on this side (narrowmm.h's nm_packed_offset is the C side,
 # which calls these slivers groups: each is a few of the microkernel's NR-column slivers side
 # by side): sliver s holds columns [s * width, (s + 1) * width) as k rows of width weights,
-# the columns past n zero; ceil(n / width) slivers one after another.
+# the columns past n zero; ceil(n / width) slivers one after another; every byte XOR-ed with
+# the format's packed_xor (Q4_0's 0x88: its nibbles q - 8 in two's complement).
 
 def padded_columns(n: int, width: int) -> int:
     """Columns of ``n`` padded to whole slivers of ``width``."""
     return -(-n // width) * width
 
 
-def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
+def pack_slivers(bits: np.ndarray, width: int, xor: int = 0) -> np.ndarray:
     """(k, n) ``bits`` (any strides: a transposed view too) as ``(ceil(n / width), k,
-    width)`` slivers, zero-padded; one new array, starting on a cache line, filled a sliver
-    at a time."""
+    width)`` slivers, zero-padded, every byte XOR-ed with ``xor`` (a format's
+    ``packed_xor``); one new array, starting on a cache line, filled a sliver at a time."""
     k, n = bits.shape
     slivers = padded_columns(n, width) // width
     out = aligned_empty((slivers, k, width), bits.dtype)
@@ -807,13 +809,19 @@ def pack_slivers(bits: np.ndarray, width: int) -> np.ndarray:
         cols = bits[:, s * width:(s + 1) * width]
         out[s, :, :cols.shape[1]] = cols
         out[s, :, cols.shape[1]:] = 0
+        if xor:
+            np.bitwise_xor(out[s], np.uint8(xor), out=out[s])
     return out
 
 
-def unpack_slivers(slivers: np.ndarray, n: int) -> np.ndarray:
-    """The (k, n) row-major bits of ``(slivers, k, width)`` packed ones (a new array)."""
+def unpack_slivers(slivers: np.ndarray, n: int, xor: int = 0) -> np.ndarray:
+    """The (k, n) row-major bits of ``(slivers, k, width)`` packed ones (a new array), each
+    byte XOR-ed back with ``xor`` (the format's ``packed_xor``)."""
     count, k, width = slivers.shape
-    return np.ascontiguousarray(slivers.transpose(1, 0, 2).reshape(k, count * width)[:, :n])
+    bits = np.ascontiguousarray(slivers.transpose(1, 0, 2).reshape(k, count * width)[:, :n])
+    if xor:
+        np.bitwise_xor(bits, np.uint8(xor), out=bits)
+    return bits
 
 
 class PackedWeights(_ScaledMatrix):
@@ -828,7 +836,9 @@ class PackedWeights(_ScaledMatrix):
         format: the :class:`~narrowmm.Format`.
         width: columns per sliver.
         isa: the ISA row it was packed for.
-        bits: the slivers, shape ``(ceil(n / width), k, width)``, columns past n zero.
+        bits: the slivers, shape ``(ceil(n / width), k, width)``, columns past n zero, each
+            byte XOR-ed with the format's ``packed_xor`` (Q4_0's 0x88; :meth:`unpack` gives
+            the codes back).
         sliver_rows: the same memory as ``(slivers * k, width)``, as the C core takes it.
     """
 
@@ -866,8 +876,8 @@ class PackedWeights(_ScaledMatrix):
 
     def unpack(self) -> Weights:
         """The row-major :class:`Weights` again (a new array)."""
-        return Weights.from_bits(unpack_slivers(self.bits, self._n), self.format, self.scales,
-                                 self.offsets)
+        return Weights.from_bits(unpack_slivers(self.bits, self._n, self.format.packed_xor),
+                                 self.format, self.scales, self.offsets)
 
     def decode(self) -> np.ndarray:
         """The exact float32 values as a new (k, n) array."""
@@ -957,7 +967,8 @@ class TorchWeights:
         kernels' form, read as :class:`GridScales`)."""
 
         c = checked_core()
-        w = PackedWeights(pack_slivers(self.bits.T, int(c.pack_width(self.format.code))),
+        w = PackedWeights(pack_slivers(self.bits.T, int(c.pack_width(self.format.code)),
+                                       self.format.packed_xor),
                           self.out_features, self.format, c.isa(), self._kn_scales(),
                           self._kn_offsets())
         w.keep_kernel_scales_only()

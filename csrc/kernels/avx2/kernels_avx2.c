@@ -263,10 +263,21 @@ static inline void nibbles8(const uint8_t *p, __m256 *lo, __m256 *hi) {
 #define DEQH8_Q4_0(q, sp, op)                                                                \
     _mm256_mul_ps(_mm256_sub_ps(q, _mm256_set1_ps(8.0f)), LOAD8_HALF(sp))
 #define DEQH8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, LOAD8_HALF(sp), LOAD8_HALF(op))
+/* Q4_0's packed codes (each byte XOR 0x88: nibbles q - 8 in two's complement) sign-extended:
+ * the low nibble by a shift up and an arithmetic shift down, the high one by an arithmetic
+ * shift, so the codes are q - 8 already and a weight is one multiplication, (q - 8) * d */
+static inline void nibbles8_q4_0p(const uint8_t *p, __m256 *lo, __m256 *hi) {
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    *lo = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 28), 28));
+    *hi = _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 4));
+}
+#define NIBBLES8_Q4_0P(p, lo, hi) nibbles8_q4_0p((p), &(lo), &(hi))
+#define DEQ8_Q4_0P(q8, sp, op) _mm256_mul_ps(q8, _mm256_loadu_ps(sp))
+#define DEQH8_Q4_0P(q8, sp, op) _mm256_mul_ps(q8, LOAD8_HALF(sp))
 /* packed: two 24-column slivers at a time for one row (6 accumulators), one for two */
 NM_DEFINE_NIBBLE_FORMATS(avx2, __m256, 8, NR, 2, 1, _mm256_set1_ps, _mm256_loadu_ps,
-                         _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, DEQH8_Q4_0, NIBBLES8,
-                         DEQ8_Q4_1, DEQH8_Q4_1)
+                         _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, NIBBLES8_Q4_0P,
+                         DEQ8_Q4_0P, DEQH8_Q4_0P, NIBBLES8, DEQ8_Q4_1, DEQH8_Q4_1)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 
 /* The rows of one block of scales (from stored row r0_) of Q4_1's staged walks: scales_ in
@@ -335,19 +346,18 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_staged_avx2, float, _mm256_loadu_ps)
 NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_half_staged_avx2, uint16_t, LOAD8_HALF)
 
-/* Q4_0's packed gemv on binary16 scales (one row, two slivers), its codes read as signed
- * nibbles: a byte sign-extended and XOR-ed with 0xffffff88 is the sign extension of b ^ 0x88,
- * whose nibbles are q_lo - 8 and q_hi - 8 in two's complement. Shifted left by 28 the low one
- * is (q_lo - 8) * 2^28; masked (& ~15) the high one is (q_hi - 8) * 16; both exact in int32
- * and in float32. Multiplied by the block's d * 2^-28 and d * 2^-4 (exact: a binary16 d is at
- * least 2^-24 in magnitude, so both are normal float32 numbers; staged on the stack and read
- * as memory operands, as Q4_1's offsets above), each weight is (q - 8) * d rounded once, as
- * the template's (q - 8) * d: the same bits, a zero's sign, Inf and NaN included. 10 vector
- * operations per 16 weights where the template takes 11 (vpmovzxbd, and, srl, two
- * conversions, two subtractions, two multiplications, two FMAs); on an L2-resident group of a
- * Zen 3, 3.45-3.52 against 3.65-3.72 cycles (docs/results/q4_0-signed-nibbles-zen3-2026-12-05.txt).
- * Not for float32 grids: there d * 2^-28 can fall below the normal range and round. */
-#define Q4_0_SIGNED_MASK _mm256_set1_epi32((int)0xffffff88)
+/* Q4_0's packed gemv on binary16 scales (one row, two slivers). Its packed codes are signed
+ * nibbles (each byte XOR 0x88: q - 8 in two's complement), so a byte sign-extended and
+ * shifted left by 28 is (q_lo - 8) * 2^28, and masked (& ~15) (q_hi - 8) * 16, both exact in
+ * int32 and in float32. Multiplied by the block's d * 2^-28 and d * 2^-4 (exact: a binary16 d
+ * is at least 2^-24 in magnitude, so both are normal float32 numbers; staged on the stack and
+ * read as memory operands, as Q4_1's offsets above), each weight is (q - 8) * d rounded once,
+ * as the other rows': the same bits, a zero's sign, Inf and NaN included. 9 vector
+ * operations per 16 weights where the template on the file's codes took 11 (vpmovzxbd, and,
+ * srl, two conversions, two subtractions, two multiplications, two FMAs); on an L2-resident
+ * group of a Zen 3, 3.15-3.22 against 3.65-3.72 cycles
+ * (docs/results/q4_0-signed-nibbles-zen3-2026-12-05.txt). Not for float32 grids: there
+ * d * 2^-28 can fall below the normal range and round. */
 static void gemv_packed_q4_0_half_signed_avx2_group_(int64_t k, int64_t ldb, int64_t slb,
                                                      const float *a, int64_t lda,
                                                      const uint8_t *b, float *c, int64_t ldc,
@@ -375,10 +385,8 @@ static void gemv_packed_q4_0_half_signed_avx2_group_(int64_t k, int64_t ldb, int
             NM_PACKED_GEMV_PREFETCH(row, ldb);
             const __m256 al = _mm256_set1_ps(a[2 * r]), ah = _mm256_set1_ps(a[2 * r + 1]);
             _Pragma("GCC unroll 6") for (int w = 0; w < W_; ++w) {
-                const __m256i v = _mm256_xor_si256(
-                    _mm256_cvtepi8_epi32(
-                        _mm_loadl_epi64((const __m128i *)(row + w / 3 * slb + (w % 3) * 8))),
-                    Q4_0_SIGNED_MASK);
+                const __m256i v = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(row + w / 3 * slb + (w % 3) * 8)));
                 const __m256 lo = _mm256_cvtepi32_ps(_mm256_slli_epi32(v, 28));
                 const __m256 hi = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(~15)));
                 const __m256 wl = _mm256_mul_ps(lo, _mm256_load_ps(lp + 8 * w));
@@ -621,6 +629,7 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     row->ukernel = ukernel_4x24_avx2;
     row->ukernel_name = "ukernel_4x24_avx2";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, avx2);
+    NM_SET_PACKED_CODE_SLOTS(row, avx2);
     NM_SET_ALL_FINITE_SLOTS(row, avx2);
     NM_SET_CODEC_SLOTS(row, avx2);
     row->probe_fma = probe_fma_avx2;

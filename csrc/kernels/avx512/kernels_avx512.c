@@ -266,6 +266,10 @@ static inline void nibbles16(const uint8_t *p, __m512 table, __m512 *lo, __m512 
 #define CODES16 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 #define CODES16_MINUS_8 _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
 #define NIBBLES16_Q4_0(p, lo, hi) nibbles16((p), CODES16_MINUS_8, &(lo), &(hi))
+/* Q4_0's packed codes (each byte XOR 0x88): nibble i stands for (i ^ 8) - 8, the signed
+ * nibble, so the same permute from a reordered table */
+#define CODES16_SIGNED _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
+#define NIBBLES16_Q4_0P(p, lo, hi) nibbles16((p), CODES16_SIGNED, &(lo), &(hi))
 #define NIBBLES16_Q4_1(p, lo, hi) nibbles16((p), CODES16, &(lo), &(hi))
 /* (q - 8) * d from the table's q - 8, and fma(q, d, m): each product exact */
 #define DEQ16_Q4_0(q8, sp, op) _mm512_mul_ps(q8, _mm512_loadu_ps(sp))
@@ -276,8 +280,8 @@ static inline void nibbles16(const uint8_t *p, __m512 table, __m512 *lo, __m512 
 #define DEQH16_Q4_1(q, sp, op) _mm512_fmadd_ps(q, LOAD16_HALF(sp), LOAD16_HALF(op))
 /* packed: four 32-column slivers at a time for one row (8 accumulators), two for two */
 NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_loadu_ps,
-                         _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0, DEQH16_Q4_0,
-                         NIBBLES16_Q4_1, DEQ16_Q4_1, DEQH16_Q4_1)
+                         _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0, NIBBLES16_Q4_0P,
+                         DEQ16_Q4_0, DEQH16_Q4_0, NIBBLES16_Q4_1, DEQ16_Q4_1, DEQH16_Q4_1)
 
 /* The first tile of a 4-bit sliver through the blocks of scales of its k block (bk, lds),
  * decoding on the way: stored row r gives sliver rows 2r (low nibbles) and 2r + 1
@@ -321,6 +325,7 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_lo
                                       tile_pack_##FMT##_half, NM_HALF_ALWAYS)
 
 NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_0, NIBBLES16_Q4_0, DEQ16_Q4_0)
+NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_0_packed, NIBBLES16_Q4_0P, DEQ16_Q4_0)
 NM_DEFINE_NIBBLE_UKERNEL_PACK(q4_1, NIBBLES16_Q4_1, DEQ16_Q4_1)
 
 /* ---- codecs ------------------------------------------------------------------------- */
@@ -412,6 +417,7 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     row->ukernel = ukernel_8x32_avx512;
     row->ukernel_name = "ukernel_8x32_avx512";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, avx512);
+    NM_SET_PACKED_CODE_SLOTS(row, avx512);
     NM_SET_ALL_FINITE_SLOTS(row, avx512);
     NM_SET_CODEC_SLOTS(row, avx512);
     row->probe_fma = probe_fma_avx512;

@@ -218,6 +218,13 @@ static inline void nibbles4(const uint8_t *p, float32x4_t *lo, float32x4_t *hi) 
     *hi = vcvtq_f32_u32(vshrq_n_u32(v, 4));
 }
 #define NIBBLES4(p, lo, hi) nibbles4((p), &(lo), &(hi))
+/* Q4_0's packed codes: each byte XOR-ed back to q first */
+static inline void nibbles4_q4_0p(const uint8_t *p, float32x4_t *lo, float32x4_t *hi) {
+    const uint32x4_t v = veorq_u32(vmovl_u16(load4_u8_as_u16(p)), vdupq_n_u32(0x88));
+    *lo = vcvtq_f32_u32(vandq_u32(v, vdupq_n_u32(15)));
+    *hi = vcvtq_f32_u32(vshrq_n_u32(v, 4));
+}
+#define NIBBLES4_Q4_0P(p, lo, hi) nibbles4_q4_0p((p), &(lo), &(hi))
 #define DEQ4_Q4_0(q, sp, op) vmulq_f32(vsubq_f32(q, vdupq_n_f32(8.0f)), vld1q_f32(sp))
 #define DEQ4_Q4_1(q, sp, op) vfmaq_f32(vld1q_f32(op), q, vld1q_f32(sp))
 /* the same on binary16 scales and offsets (nm_scales.s16), widened exactly */
@@ -225,8 +232,8 @@ static inline void nibbles4(const uint8_t *p, float32x4_t *lo, float32x4_t *hi) 
 #define DEQH4_Q4_0(q, sp, op) vmulq_f32(vsubq_f32(q, vdupq_n_f32(8.0f)), LOAD4_HALF(sp))
 #define DEQH4_Q4_1(q, sp, op) vfmaq_f32(LOAD4_HALF(op), q, LOAD4_HALF(sp))
 NM_DEFINE_NIBBLE_FORMATS(neon, float32x4_t, 4, NR, 4, 2, vdupq_n_f32, vld1q_f32, vst1q_f32,
-                         vfmaq_f32, NIBBLES4, DEQ4_Q4_0, DEQH4_Q4_0, NIBBLES4, DEQ4_Q4_1,
-                         DEQH4_Q4_1)
+                         vfmaq_f32, NIBBLES4, DEQ4_Q4_0, NIBBLES4_Q4_0P, DEQ4_Q4_0,
+                         DEQH4_Q4_0, NIBBLES4, DEQ4_Q4_1, DEQH4_Q4_1)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(neon, ukernel_8x8_neon, NR)
 
 /* ---- codecs ------------------------------------------------------------------------- */
@@ -288,6 +295,7 @@ NM_ROW_FILL void nm_fill_row_neon(nm_isa_kernels *row) {
     row->ukernel = ukernel_8x8_neon;
     row->ukernel_name = "ukernel_8x8_neon";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, neon);
+    NM_SET_PACKED_CODE_SLOTS(row, neon);
     NM_SET_ALL_FINITE_SLOTS(row, neon);
     NM_SET_CODEC_SLOTS(row, neon);
     row->probe_fma = probe_fma_neon;

@@ -138,9 +138,12 @@ NM_DEFINE_ENCODE8_LOOP(encode_q5_1_scalar, nm_f32_to_q5_1)
 
 /* The 4-bit formats (kernel_common.h): one column at a time. */
 #define NIBBLES1(p, lo, hi) ((lo) = NM_NIBBLE_LO(*(p)), (hi) = NM_NIBBLE_HI(*(p)))
+/* Q4_0's packed codes: the byte XOR-ed back, then as above */
+#define NIBBLES1_Q4_0P(p, lo, hi)                                                            \
+    ((lo) = NM_NIBBLE_LO(*(p) ^ 0x88u), (hi) = NM_NIBBLE_HI(*(p) ^ 0x88u))
 NM_DEFINE_NIBBLE_FORMATS(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1, FMAF_ACC,
-                         NIBBLES1, NM_DEQ1_Q4_0, NM_DEQ1H_Q4_0, NIBBLES1, NM_DEQ1_Q4_1,
-                         NM_DEQ1H_Q4_1)
+                         NIBBLES1, NM_DEQ1_Q4_0, NIBBLES1_Q4_0P, NM_DEQ1_Q4_0, NM_DEQ1H_Q4_0,
+                         NIBBLES1, NM_DEQ1_Q4_1, NM_DEQ1H_Q4_1)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(scalar, ukernel_4x8_scalar, SCALAR_NR)
 
 /* their codecs: n bytes, 2n values, the low nibble first */
@@ -201,6 +204,7 @@ NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     row->widen_factored = widen_factored_scalar;
     row->widen_factored_name = "widen_factored_scalar";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, scalar);
+    NM_SET_PACKED_CODE_SLOTS(row, scalar);
     /* no faster decode for finite FP8 weights in portable C: the exact kernels serve them */
     NM_SET_FINITE_SLOTS(row, gemv_packed, scalar);
     NM_SET_FINITE_SLOTS(row, gemv2_packed, scalar);

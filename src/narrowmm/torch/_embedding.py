@@ -74,6 +74,8 @@ def _tied_rows(ids: np.ndarray, bits: np.ndarray, grid: np.ndarray | None, fmt: 
     if bits.ndim == 3:  # packed: column t in group t // width, at t % width
         width = bits.shape[2]
         codes = bits[flat // width, :, flat % width]
+        if fmt.packed_xor:  # the packed bytes as the codes they hold
+            codes = codes ^ np.uint8(fmt.packed_xor)
     else:
         codes = bits[:, flat].T
     scales = offsets = None
