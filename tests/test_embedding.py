@@ -172,10 +172,11 @@ def test_a_table_tied_to_a_layer_reads_the_layers_weights(fmt, pack):
         emb(torch.tensor([200]))
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0", "bf16"])
 def test_the_decoder_reads_a_tied_table_from_the_output_layer_on_every_row(fmt):
     """A small Llama whose lm_head holds the table and whose embedding is tied to it: the
-    Decoder's C rows (read from the layer, either layout) give the model's logits."""
+    Decoder's C rows (read from the layer, either layout; Q4_0's packed bytes XOR-ed back)
+    give the model's logits."""
     base = inv.random_llama(CONFIG, torch.float32, seed=4)
     table_w = narrow(base.model.embed_tokens.weight.detach().numpy(), fmt)
     for isa in ISAS:

@@ -167,6 +167,30 @@ def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
                     assert_same_bits(nm.matmul(x, p), nm.matmul(x, w))
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+def test_packed_bytes_are_the_codes_xored_with_the_formats_packed_xor(fmt, rng):
+    """The packed layout's bytes (docs/contracts.md): Q4_0's are its codes XOR 0x88, each
+    nibble q - 8 in two's complement; the other formats' the codes as they are. Read back
+    by the kernels (the row-major bits, every pattern of both nibbles) and by unpack."""
+    f = nm.get_format(fmt)
+    assert f.packed_xor == (0x88 if fmt == "q4_0" else 0)
+    codes = np.arange(256, dtype=np.uint8).reshape(16, 16)  # every byte, 16 columns
+    if fmt == "q8_0":
+        codes = codes[:, :8]
+    scales = nm.Scales(rng.uniform(-1, 1, (1, codes.shape[1])).astype(np.float16)
+                       .astype(np.float32), (32, 1))
+    offsets = (nm.Scales(rng.uniform(-1, 1, (1, codes.shape[1])).astype(np.float16)
+                         .astype(np.float32), (32, 1)) if f.offsets else None)
+    w = nm.Weights.from_bits(codes, fmt, scales, offsets)
+    p = w.pack()
+    n = codes.shape[1]
+    stored = p.bits.transpose(1, 0, 2).reshape(codes.shape[0], -1)[:, :n]
+    np.testing.assert_array_equal(stored, codes ^ np.uint8(f.packed_xor))
+    np.testing.assert_array_equal(p.unpack().bits, codes)
+    x = rng.standard_normal((1, codes.shape[0] * f.kpack)).astype(np.float32)
+    assert_same_bits(nm.matmul(x, p), nm.matmul(x, w))
+
+
 def test_packed_bits_and_scale_grids_start_on_a_cache_line(rng):
     """Packed slivers and the kernels' grids of scales start on a 64-byte line, whatever
     NumPy's allocator returns (it promises the element size only): a grid off a line splits
