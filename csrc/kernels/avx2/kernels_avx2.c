@@ -346,7 +346,7 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_staged_avx2, float, _mm256_loadu_ps)
 NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_half_staged_avx2, uint16_t, LOAD8_HALF)
 
-/* Q4_0's packed gemv on binary16 scales (one row, two slivers). Its packed codes are signed
+/* Q4_0's packed gemvs on binary16 scales (m = 1 and 2). Its packed codes are signed
  * nibbles (each byte XOR 0x88: q - 8 in two's complement), so a byte sign-extended and
  * shifted left by 28 is (q_lo - 8) * 2^28, and masked (& ~15) (q_hi - 8) * 16, both exact in
  * int32 and in float32. Multiplied by the block's d * 2^-28 and d * 2^-4 (exact: a binary16 d
@@ -358,55 +358,71 @@ NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_half_staged_avx2, uint16_t, LOAD8_HA
  * group of a Zen 3, 3.15-3.22 against 3.65-3.72 cycles
  * (docs/results/q4_0-signed-nibbles-zen3-2026-12-05.txt). Not for float32 grids: there
  * d * 2^-28 can fall below the normal range and round. */
-static void gemv_packed_q4_0_half_signed_avx2_group_(int64_t k, int64_t ldb, int64_t slb,
-                                                     const float *a, int64_t lda,
-                                                     const uint8_t *b, float *c, int64_t ldc,
-                                                     const uint16_t *s, const uint16_t *o,
-                                                     int64_t bk, int64_t lds) {
-    (void)lda, (void)ldc, (void)o; /* one row; Q4_0 has no offsets */
-    enum { W_ = 2 * NR / 8 };
-    const int64_t block = (bk < k ? bk : k) / 2; /* stored rows under one block */
-    __m256 acc[W_];
-    _Pragma("GCC unroll 6") for (int i = 0; i < W_; ++i)
-        acc[i] = _mm256_loadu_ps(c + i / 3 * NR + (i % 3) * 8);
-    for (int64_t r0 = 0; r0 < k / 2; r0 += block, s = r0 < k / 2 ? s + lds : s) {
-        _Alignas(32) float low_scales[W_ * 8], high_scales[W_ * 8];
-        _Pragma("GCC unroll 6") for (int i = 0; i < W_; ++i) {
-            const __m256 d = LOAD8_HALF(s + 8 * i);
-            _mm256_store_ps(low_scales + 8 * i, _mm256_mul_ps(d, _mm256_set1_ps(0x1p-28f)));
-            _mm256_store_ps(high_scales + 8 * i, _mm256_mul_ps(d, _mm256_set1_ps(0x1p-4f)));
-        }
-        const float *lp = low_scales, *hp = high_scales;
-        const int64_t end = k / 2 - r0 < block ? k / 2 : r0 + block;
-        for (int64_t r = r0; r < end; ++r) {
-            __asm__("" : "+r"(lp)); /* memory operands at every use */
-            __asm__("" : "+r"(hp));
-            const uint8_t *row = b + r * ldb;
-            NM_PACKED_GEMV_PREFETCH(row, ldb);
-            const __m256 al = _mm256_set1_ps(a[2 * r]), ah = _mm256_set1_ps(a[2 * r + 1]);
-            _Pragma("GCC unroll 6") for (int w = 0; w < W_; ++w) {
-                const __m256i v = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(row + w / 3 * slb + (w % 3) * 8)));
-                const __m256 lo = _mm256_cvtepi32_ps(_mm256_slli_epi32(v, 28));
-                const __m256 hi = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(~15)));
-                const __m256 wl = _mm256_mul_ps(lo, _mm256_load_ps(lp + 8 * w));
-                const __m256 wh = _mm256_mul_ps(hi, _mm256_load_ps(hp + 8 * w));
-                acc[w] = _mm256_fmadd_ps(al, wl, acc[w]);
-                acc[w] = _mm256_fmadd_ps(ah, wh, acc[w]);
-            }
-        }
+#define NM_DEFINE_Q4_0_SIGNED_SLIVERS(NAME, RR, SL)                                         \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, int64_t lda,       \
+                     const uint8_t *b, float *c, int64_t ldc, const uint16_t *s,             \
+                     const uint16_t *o, int64_t bk, int64_t lds) {                           \
+        (void)o; /* Q4_0 has no offsets */                                                   \
+        enum { W_ = (SL) * NR / 8 };                                                         \
+        const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
+        __m256 acc_[(RR) * W_];                                                              \
+        _Pragma("GCC unroll 6") for (int i_ = 0; i_ < (RR) * W_; ++i_)                       \
+            acc_[i_] = _mm256_loadu_ps(c + i_ / W_ * ldc + (i_ % W_) / 3 * NR + (i_ % 3) * 8); \
+        for (int64_t r0_ = 0; r0_ < k / 2; r0_ += block_, s = r0_ < k / 2 ? s + lds : s) {   \
+            _Alignas(32) float low_[W_ * 8], high_[W_ * 8];                                  \
+            _Pragma("GCC unroll 6") for (int i_ = 0; i_ < W_; ++i_) {                        \
+                const __m256 d_ = LOAD8_HALF(s + 8 * i_);                                    \
+                _mm256_store_ps(low_ + 8 * i_, _mm256_mul_ps(d_, _mm256_set1_ps(0x1p-28f)));   \
+                _mm256_store_ps(high_ + 8 * i_, _mm256_mul_ps(d_, _mm256_set1_ps(0x1p-4f)));   \
+            }                                                                                \
+            const float *lp_ = low_, *hp_ = high_;                                           \
+            const int64_t end_ = k / 2 - r0_ < block_ ? k / 2 : r0_ + block_;                \
+            for (int64_t r = r0_; r < end_; ++r) {                                           \
+                __asm__("" : "+r"(lp_)); /* memory operands at every use */                  \
+                __asm__("" : "+r"(hp_));                                                     \
+                const uint8_t *row_ = b + r * ldb;                                           \
+                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
+                __m256 al_[RR], ah_[RR];                                                     \
+                _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) {                  \
+                    al_[i_] = _mm256_set1_ps(a[i_ * lda + 2 * r]);                           \
+                    ah_[i_] = _mm256_set1_ps(a[i_ * lda + 2 * r + 1]);                       \
+                }                                                                            \
+                _Pragma("GCC unroll 6") for (int w_ = 0; w_ < W_; ++w_) {                    \
+                    const __m256i v_ = _mm256_cvtepi8_epi32(_mm_loadl_epi64(                 \
+                        (const __m128i *)(row_ + w_ / 3 * slb + (w_ % 3) * 8)));             \
+                    const __m256 lo_ = _mm256_cvtepi32_ps(_mm256_slli_epi32(v_, 28));        \
+                    const __m256 hi_ =                                                       \
+                        _mm256_cvtepi32_ps(_mm256_and_si256(v_, _mm256_set1_epi32(~15)));    \
+                    const __m256 wl_ = _mm256_mul_ps(lo_, _mm256_load_ps(lp_ + 8 * w_));     \
+                    const __m256 wh_ = _mm256_mul_ps(hi_, _mm256_load_ps(hp_ + 8 * w_));     \
+                    _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) {              \
+                        acc_[i_ * W_ + w_] = _mm256_fmadd_ps(al_[i_], wl_, acc_[i_ * W_ + w_]); \
+                        acc_[i_ * W_ + w_] = _mm256_fmadd_ps(ah_[i_], wh_, acc_[i_ * W_ + w_]); \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        _Pragma("GCC unroll 6") for (int i_ = 0; i_ < (RR) * W_; ++i_)                       \
+            _mm256_storeu_ps(c + i_ / W_ * ldc + (i_ % W_) / 3 * NR + (i_ % 3) * 8, acc_[i_]); \
     }
-    _Pragma("GCC unroll 6") for (int i = 0; i < W_; ++i)
-        _mm256_storeu_ps(c + i / 3 * NR + (i % 3) * 8, acc[i]);
-}
-/* a single sliver, and the last, narrower one: the template's (NM_GEMV_PACKED_WALK_) */
-#define gemv_packed_q4_0_half_signed_avx2_one_ gemv_packed_q4_0_half_avx2_one_
+/* one row: two slivers at a time (6 accumulators), then one; two rows: one (6) */
+NM_DEFINE_Q4_0_SIGNED_SLIVERS(gemv_packed_q4_0_half_signed_avx2_group_, 1, 2)
+NM_DEFINE_Q4_0_SIGNED_SLIVERS(gemv_packed_q4_0_half_signed_avx2_one_, 1, 1)
+NM_DEFINE_Q4_0_SIGNED_SLIVERS(gemv2_packed_q4_0_half_signed_avx2_one_, 2, 1)
+#define gemv2_packed_q4_0_half_signed_avx2_group_ gemv2_packed_q4_0_half_signed_avx2_one_
 static void gemv_packed_q4_0_half_signed_avx2(int64_t k, int64_t ldb, int64_t slb, int64_t n,
                                               const float *a, const uint8_t *b, float *c,
                                               const uint16_t *s, const uint16_t *o,
                                               int64_t bk, int64_t lds) {
     NM_GEMV_PACKED_WALK_(gemv_packed_q4_0_half_signed_avx2, 1, 2, NR, k, ldb, slb, n, a, 0, b,
                          c, 0, s, o, bk, lds);
+}
+static void gemv2_packed_q4_0_half_signed_avx2(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                               const float *a, int64_t lda, const uint8_t *b,
+                                               float *c, int64_t ldc, const uint16_t *s,
+                                               const uint16_t *o, int64_t bk, int64_t lds) {
+    NM_GEMV_PACKED_WALK_(gemv2_packed_q4_0_half_signed_avx2, 2, 1, NR, k, ldb, slb, n, a, lda,
+                         b, c, ldc, s, o, bk, lds);
 }
 
 /* Q4_1's packed gemv on a factored grid (nm_gemv_packed_factored_fn: the K types' Q4_K and
@@ -623,6 +639,7 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     NM_SET_SLOT(row, gemv_packed, NM_FMT_Q4_1, gemv_packed_q4_1_staged_avx2);
     NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_1, gemv_packed_q4_1_half_staged_avx2);
     NM_SET_SLOT(row, gemv_packed_half, NM_FMT_Q4_0, gemv_packed_q4_0_half_signed_avx2);
+    NM_SET_SLOT(row, gemv2_packed_half, NM_FMT_Q4_0, gemv2_packed_q4_0_half_signed_avx2);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q4_1, gemv_packed_q4_1_factored_avx2);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q8_0, gemv_packed_q8_0_factored_avx2);
     NM_SET_MATMUL_SLOTS(row, pack, avx2);
