@@ -315,7 +315,7 @@ static void pack_narrow_sliver(const matmul_job *job, int64_t pc, int64_t kc, in
         int64_t ldb;
         const uint8_t *b = weights_at(job, p, jr, &ldb);
         job->isa->pack[job->pack_slot](pe - p, w, b, ldb, (int)nr, sliver + (p - pc) * nr,
-                                  s ? s + t * lds : NULL, o ? o + t * lds : NULL);
+                                       s ? s + t * lds : NULL, o ? o + t * lds : NULL);
     }
 }
 
