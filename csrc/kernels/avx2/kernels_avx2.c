@@ -260,8 +260,6 @@ static inline void nibbles8(const uint8_t *p, __m256 *lo, __m256 *hi) {
 #define DEQ8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, _mm256_loadu_ps(sp), _mm256_loadu_ps(op))
 /* the same on binary16 scales and offsets (nm_scales.s16), widened exactly by F16C */
 #define LOAD8_HALF(sp) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp)))
-#define DEQH8_Q4_0(q, sp, op)                                                                \
-    _mm256_mul_ps(_mm256_sub_ps(q, _mm256_set1_ps(8.0f)), LOAD8_HALF(sp))
 #define DEQH8_Q4_1(q, sp, op) _mm256_fmadd_ps(q, LOAD8_HALF(sp), LOAD8_HALF(op))
 /* Q4_0's packed codes (each byte XOR 0x88: nibbles q - 8 in two's complement) sign-extended:
  * the low nibble by a shift up and an arithmetic shift down, the high one by an arithmetic
