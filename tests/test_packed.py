@@ -148,7 +148,8 @@ def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
     that ends part way into a group gives the row-major bits on 1 to 7 threads (the threads'
     column ranges in whole groups, a call's chunks cut at a group's end): at m = 1 and 2, at
     m = 3 to 6, which run on groups as pairs of rows through the same walks (an odd row
-    last), and at m = 7 and 9, tiles again."""
+    last; on avx2 the 4-bit formats up to m = 8 in fours, three rows as a four on copies),
+    and at m = 7 to 9, tiles again."""
     with use_isa(isa):
         nr = core().pack_width(nm.get_format("bf16").code)  # the microkernel's width
         for fmt in nm.FORMATS:  # every format, the byte ones (FP8, GGUF's blocks) included
@@ -160,7 +161,7 @@ def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
             w = nm.Weights.quantize(a, fmt) if fmt.startswith("q") else nm.Weights.encode(a, fmt)
             p = w.pack()
             assert p.width == width and p.bits.shape == (-(-n // width), 64 // f.kpack, width)
-            for m in (1, 2, 3, 4, 5, 6, 7, 9):
+            for m in (1, 2, 3, 4, 5, 6, 7, 8, 9):
                 x = rng.standard_normal((m, 64)).astype(np.float32)
                 for threads in (1, 2, 3, 7):
                     nm.set_num_threads(threads)

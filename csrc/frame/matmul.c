@@ -57,6 +57,14 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
  * 1.48x, 4 1.11x / 1.20x, 6 1.18x / 1.19x, 8 0.86x / 0.89x, Q4_1 m = 7 1.01x; at two threads
  * Q8_0 m = 6 1.4x, Q4_1 m = 4 1.5x (docs/kernels.md, "Pairs of rows"). */
 #define NM_PAIRED_ROWS 6
+/* A row with an m == 4 walk for the job (nm_isa_kernels.gemv4_packed_half: Q8_0, Q4_0 and
+ * Q4_1 on avx2) runs up to this many rows a part through the walks, four at a time (three as
+ * a four, quad_on_copies), then a pair, then one. On an AMD EPYC Zen 3 (avx2 row, cold,
+ * packed, one thread, by process against pairs up to 6 rows and tiles beyond): Q4_0 / Q4_1 /
+ * Q8_0 m = 4 1.33-1.38x / 1.29-1.32x / 1.05-1.13x, 6 1.21-1.23x / 1.18-1.20x / 1.04-1.08x, 8
+ * 1.09-1.12x / 1.05-1.13x / 1.01-1.10x; at m = 16 fours ran 0.89-0.91x the tiles
+ * (docs/kernels.md, "The block formats' speed"). */
+#define NM_QUAD_ROWS 8
 /* The m <= 2 packed path under short blocks of scales walks chunks of slivers, each chunk
  * (never past its group's end) through all of k in one call, a group's slivers (and its part
  * of the group-major grid, nm_scales.lsl) one stream. At m = 1 chunks of
@@ -465,10 +473,18 @@ static int packed_in_groups(const matmul_job *job) {
     return job->packed && nm_pack_width(job->isa, job->fmt) > job->isa->nr;
 }
 
-/* Whether a part of `rows` rows runs as pairs of rows through the m <= 2 walks
- * (matmul_block): packed groups (packed_in_groups), up to NM_PAIRED_ROWS rows. */
+/* The row's m == 4 walk for the job, or NULL: packed weights under a binary16 grid. */
+static nm_gemv4_packed_half_fn quad_walk(const matmul_job *job) {
+    return job->packed && job->scales && job->scales->s16
+               ? job->isa->gemv4_packed_half[job->fmt]
+               : NULL;
+}
+
+/* Whether a part of `rows` rows runs as pairs of rows (or fours, quad_walk) through the
+ * m <= 2 walks (matmul_block): packed groups (packed_in_groups), up to NM_PAIRED_ROWS rows,
+ * NM_QUAD_ROWS with an m == 4 walk. */
 static int paired_rows(const matmul_job *job, int64_t rows) {
-    return packed_in_groups(job) && rows <= NM_PAIRED_ROWS;
+    return packed_in_groups(job) && rows <= (quad_walk(job) ? NM_QUAD_ROWS : NM_PAIRED_ROWS);
 }
 
 /* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN): whole groups for the
@@ -549,6 +565,23 @@ static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64
     }
 }
 
+/* Three rows of C (ldc apart, w columns) through an m == 4 walk: A's rows and a zero one in
+ * a_pad (lda apart), C's through a copy whose fourth row is dropped. The three chains are
+ * the walk's, so the same bits as a pair and a row; one decode for three rows instead of
+ * two: on a Zen 3 (cold, one thread) Q4 at m = 3 ran 1.14-1.21x, at m = 7 1.07-1.15x; Q8_0,
+ * whose decode is cheaper, 0.95-1.00x and 1.03-1.12x. */
+#define NM_QUAD_PAD_COLUMNS (NM_BLOCKED_GEMV_SLIVERS * 32)
+static void quad_on_copies(nm_gemv4_packed_half_fn quad, int64_t k, int64_t ldb, int64_t slb,
+                           int64_t w, const float *a_pad, int64_t lda, const uint8_t *b,
+                           float *c, int64_t ldc, const uint16_t *s, const uint16_t *o,
+                           int64_t bk, int64_t lds) {
+    float c_pad[4 * NM_QUAD_PAD_COLUMNS];
+    for (int r = 0; r < 3; ++r) memcpy(c_pad + r * w, c + r * ldc, (size_t)w * sizeof(float));
+    memset(c_pad + 3 * w, 0, (size_t)w * sizeof(float));
+    quad(k, ldb, slb, w, a_pad, lda, b, c_pad, w, s, o, bk, lds);
+    for (int r = 0; r < 3; ++r) memcpy(c + r * ldc, c_pad + r * w, (size_t)w * sizeof(float));
+}
+
 /* The block of C of rows [i0, i1) and columns [j0, j1) (j0 a multiple of job_grain),
  * on the calling thread. */
 static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
@@ -562,8 +595,9 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
     if (job->m == 1 || rows == 2 || paired_rows(job, rows)) {
         /* one or two rows: nothing to amortise, so stream B once, straight, for them all; a
          * tile would leave half its rows empty and read B as one stream of short runs. A few
-         * more rows on packed groups (paired_rows): two at a time, each chunk of B read by
-         * every pair in turn, the pairs after the first finding it in L2. */
+         * more rows on packed groups (paired_rows): two at a time (four with quad_walk),
+         * each chunk of B read by every pair in turn, the pairs after the first finding it
+         * in L2. */
         const nm_isa_kernels *isa = job->isa;
         const int slot = job->slot;
         /* Packed weights whose scales come in blocks shorter than k (GGUF's 32 rows): a call
@@ -601,6 +635,23 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         const int64_t slb = nm_packed_offset(job->k / nm_format_table[job->fmt].kpack, group,
                                              nm_format_table[job->fmt].itemsize, 0, isa->nr);
         const int cut = packed_in_groups(job);
+        const nm_gemv4_packed_half_fn quad = quad_walk(job);
+        /* with an m == 4 walk, the three rows left after the fours (m = 3, 7) run as a four
+         * too, on copies: their A with a zero fourth row, and their C tile (c_pad) */
+        float *a_pad = NULL;
+        if (quad && rows % 4 == 3) {
+            const size_t a_bytes = (size_t)(4 * job->k) * sizeof(float);
+            a_pad = aligned_alloc(64, (a_bytes + 63) / 64 * 64);
+            if (!a_pad) {
+                free(scale_buf);
+                atomic_store(&job->failed, 1);
+                return;
+            }
+            for (int64_t r = 0; r < 3; ++r)
+                memcpy(a_pad + r * job->k, job->a + (i1 - 3 + r) * job->lda,
+                       (size_t)job->k * sizeof(float));
+            memset(a_pad + 3 * job->k, 0, (size_t)job->k * sizeof(float));
+        }
         for (int64_t jc = j0, w; jc < j1; jc += w) {
             const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
@@ -609,7 +660,9 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                 continue;
             }
             for (int64_t ir = i0, pair; ir < i1; ir += pair) {
-                pair = min64(2, i1 - ir);
+                pair = quad && i1 - ir >= 4                                   ? 4
+                       : a_pad && i1 - ir == 3 && w <= NM_QUAD_PAD_COLUMNS ? 3
+                                                                           : min64(2, i1 - ir);
                 const float *a = job->a + ir * job->lda;
                 float *c = job->c + ir * job->ldc + jc;
                 /* packed weights: one call through all of k, the kernel stepping through
@@ -627,6 +680,12 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                         if (pair == 1)
                             isa->gemv_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0, b, c,
                                                             s, o, bk, lds);
+                        else if (pair == 4)
+                            quad(p1 - p0, ldb, slb, w, a + p0, job->lda, b, c, job->ldc, s, o,
+                                 bk, lds);
+                        else if (pair == 3)
+                            quad_on_copies(quad, p1 - p0, ldb, slb, w, a_pad + p0, job->k, b, c,
+                                           job->ldc, s, o, bk, lds);
                         else
                             isa->gemv2_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0,
                                                              job->lda, b, c, job->ldc, s, o,
@@ -649,6 +708,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
             }
         }
         free(scale_buf);
+        free(a_pad);
     } else if (matmul_tiled(job, i0, i1, j0, j1) != NM_OK) {
         atomic_store(&job->failed, 1);
     }

@@ -129,6 +129,15 @@ typedef void (*nm_gemv2_packed_half_fn)(int64_t k, int64_t ldb, int64_t slb, int
                                         int64_t ldc, const uint16_t *s, const uint16_t *o,
                                         int64_t bk, int64_t lds);
 
+/* m == 4 on packed weights under a binary16 grid, where a row has it (NULL: the frame takes
+ * pairs of rows): the gemv_packed_half chains for four rows at once, row r of A at
+ * a + r*lda and of C at c + r*ldc, each decoded weight feeding the four rows' FMAs. The
+ * same arguments as nm_gemv2_packed_half_fn; n columns inside one group. */
+typedef void (*nm_gemv4_packed_half_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                        const float *a, int64_t lda, const uint8_t *b, float *c,
+                                        int64_t ldc, const uint16_t *s, const uint16_t *o,
+                                        int64_t bk, int64_t lds);
+
 /* The m == 1 packed gemv on a factored grid (nm_scales.c8), where a row has one (NULL: the
  * frame multiplies the grid out for gemv_packed): the same walk and chains, each block's
  * scales (offsets) the products of its codes cs (co), ld apart from block to block, and its
@@ -226,6 +235,9 @@ typedef struct nm_isa_kernels {
     const char *gemv_packed_half_name[NM_FMT_COUNT];
     nm_gemv2_packed_half_fn gemv2_packed_half[NM_FMT_COUNT];
     const char *gemv2_packed_half_name[NM_FMT_COUNT];
+    /* optional (NULL: none): Q8_0, Q4_0 and Q4_1 on the avx2 row */
+    nm_gemv4_packed_half_fn gemv4_packed_half[NM_FMT_COUNT];
+    const char *gemv4_packed_half_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_PACK_SLOTS];
     const char *pack_name[NM_PACK_SLOTS];
     nm_ukernel_fn ukernel;

@@ -148,6 +148,9 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
     }
     if (strcmp(op, "matmul_packed_half") == 0) {
         if (!r->gemv_packed_half[fmt] || !r->gemv2_packed_half[fmt]) return PyList_New(0);
+        if (r->gemv4_packed_half[fmt]) /* the optional m == 4 walk */
+            return Py_BuildValue("[sss]", r->gemv_packed_half_name[fmt],
+                                 r->gemv2_packed_half_name[fmt], r->gemv4_packed_half_name[fmt]);
         return Py_BuildValue("[ss]", r->gemv_packed_half_name[fmt],
                              r->gemv2_packed_half_name[fmt]);
     }

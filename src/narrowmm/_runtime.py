@@ -62,8 +62,10 @@ def runtime_info() -> dict[str, Any]:
                     op, native.kernel_names("matmul_finite", fmt),
                     native.kernel_names("matmul_packed_finite", fmt) or None)
             half = native.kernel_names("matmul_packed_half", fmt) if op == "matmul" else []
-            if len(half) == 2:  # packed weights whose scales are binary16 (Format.half_scales)
-                entry["half_scale_kernel"] = f"{half[0]} (m=1); {half[1]} (m=2)"
+            if half:  # packed weights whose scales are binary16 (Format.half_scales)
+                rows = ("m=1", "m=2", "4 rows")[:len(half)]  # the m == 4 walk: optional
+                entry["half_scale_kernel"] = "; ".join(
+                    f"{name} ({r})" for name, r in zip(half, rows, strict=True))
             factored = (native.kernel_names("matmul_packed_factored", fmt)
                         if op == "matmul" else [])
             if factored:  # packed weights under a factored grid (the K types), m = 1
