@@ -301,11 +301,12 @@ def test_the_weights_are_the_formula_so_the_chain_is_the_only_other_rounding(fmt
 @pytest.mark.parametrize("k, n", [(512, 1100), (2112, 300)])
 def test_rows_batches_threads_and_layouts_give_the_same_bits(fmt, isa, k, n):
     """A row's result does not depend on the batch it is in, the thread count or the
-    layout: m = 1 to 8, 16 and 40, on 1 and 2 threads, row-major and packed (on avx2 the 4-bit
-    formats' m = 3 to 8 take the four-row walks: fours, three rows as a four on copies, pairs),
-    on a matrix large enough to be split across threads. k = 2112 makes every row's packed slivers
-    longer than 24 KiB (the frame's long slivers: other chunks of slivers at m = 1, no
-    prefetch), and its 300 columns end in a partial chunk and a partial sliver."""
+    layout: m = 1 to 8, 16 and 40, on 1 and 2 threads, row-major and packed (on avx2, packed
+    Q8_0, Q4_0 and Q4_1 at m = 3 to 8 take the four-row walks: fours, three rows as a four on
+    copies, pairs), on a matrix large enough to be split across threads. k = 2112 makes
+    every row's packed slivers longer than 24 KiB (the frame's long slivers: other chunks of
+    slivers at m = 1, no prefetch), and its 300 columns end in a partial chunk and a partial
+    sliver."""
     rng = np.random.default_rng(7)
     w = nm.Weights.quantize((rng.standard_normal((k, n)) * 0.05).astype(np.float32), fmt)
     packed = w.pack()

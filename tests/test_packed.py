@@ -148,8 +148,8 @@ def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
     that ends part way into a group gives the row-major bits on 1 to 7 threads (the threads'
     column ranges in whole groups, a call's chunks cut at a group's end): at m = 1 and 2, at
     m = 3 to 6, which run on groups as pairs of rows through the same walks (an odd row
-    last; on avx2 the 4-bit formats up to m = 8 in fours, three rows as a four on copies),
-    and at m = 7 to 9, tiles again."""
+    last), and at m = 7 to 9, tiles again; on avx2, Q8_0, Q4_0 and Q4_1 under binary16 grids
+    run up to m = 8 through the walks in fours (three rows as a four on copies)."""
     with use_isa(isa):
         nr = core().pack_width(nm.get_format("bf16").code)  # the microkernel's width
         for fmt in nm.FORMATS:  # every format, the byte ones (FP8, GGUF's blocks) included
