@@ -570,6 +570,7 @@ static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64
  * the walk's, so the same bits as a pair and a row; one decode for three rows instead of
  * two: on a Zen 3 (cold, one thread) Q4 at m = 3 ran 1.14-1.21x, at m = 7 1.07-1.15x; Q8_0,
  * whose decode is cheaper, 0.95-1.00x and 1.03-1.12x. */
+/* the widest chunk of columns a call of the m <= 2 path takes: 8 slivers of the widest NR */
 #define NM_QUAD_PAD_COLUMNS (NM_BLOCKED_GEMV_SLIVERS * 32)
 static void quad_on_copies(nm_gemv4_packed_half_fn quad, int64_t k, int64_t ldb, int64_t slb,
                            int64_t w, const float *a_pad, int64_t lda, const uint8_t *b,
