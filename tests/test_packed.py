@@ -141,6 +141,83 @@ def test_pack_unpack_round_trip(k, n):
             assert (p.bits[-1, :, n % width:] == w.format.packed_xor).all()
 
 
+def _numpy_slivers(bits, width, xor):
+    """pack_slivers' NumPy copy, the native one's oracle: padded, transposed, XOR-ed."""
+    k, n = bits.shape
+    groups = -(-n // width)
+    padded = np.zeros((k, groups * width), bits.dtype)
+    padded[:, :n] = bits
+    out = padded.reshape(k, groups, width).transpose(1, 0, 2).copy()
+    if xor:
+        out ^= np.uint8(xor)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+def test_native_sliver_copy_gives_numpy_bytes_for_every_stride(dtype, rng):
+    """nm_pack_slivers (the native copy Weights.pack and TorchWeights.pack use) against
+    NumPy's, byte for byte: row-major, transposed (a GGUF tensor's codes: the 8 x 8 blocks
+    and their edges), a sub-block with a longer row stride, every-other-row strides, shapes
+    around the block size (8 / itemsize) and the widths (8, 24, 96, one group past n), k
+    and n of 0, and Q4_0's XOR (one-byte items only)."""
+    from narrowmm._weights import pack_slivers
+
+    c = core()
+    info = np.iinfo(dtype) if dtype != np.float32 else None
+    for k, n in [(0, 5), (5, 0), (1, 1), (7, 9), (8, 8), (16, 24), (17, 97), (64, 96),
+                 (65, 100), (130, 41)]:
+        side = 2 * max(k, n) + 5  # room for every view below, either way round
+        big = (rng.integers(0, info.max, (side, side), endpoint=True).astype(dtype)
+               if info else rng.standard_normal((side, side)).astype(dtype))
+        views = {"row-major": big[:k, :n].copy(), "transposed": big[:n, :k].copy().T,
+                 "sub-block": big[1:k + 1, 2:n + 2], "every other row": big[:2 * k:2, :n],
+                 "transposed sub-block": big[3:n + 3, 1:k + 1].T}
+        for width in (8, 24, 96, n + 1):
+            for xor in ((0, 0x88) if dtype == np.uint8 else (0,)):
+                for name, v in views.items():
+                    assert v.shape == (k, n)
+                    got = pack_slivers(v, width, xor, c)
+                    want = _numpy_slivers(np.ascontiguousarray(v), width, xor)
+                    assert got.shape == want.shape, (name, k, n, width)
+                    assert got.tobytes() == want.tobytes(), (name, k, n, width, xor)
+                    assert got.size == 0 or got.ctypes.data % 64 == 0
+                    np.testing.assert_array_equal(pack_slivers(v, width, xor).view(np.uint8),
+                                                  got.view(np.uint8))
+
+
+def test_native_sliver_copy_refuses_bad_arguments():
+    """The binding checks what it is given: a clear ValueError or TypeError naming the
+    problem, never a write outside out."""
+    c = core()
+    src = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    out = np.empty((1, 3, 8), np.uint8)
+    c.pack_slivers(src, 8, 0, out)
+    with pytest.raises(ValueError, match="holds 23 bytes"):
+        c.pack_slivers(src, 8, 0, np.empty(23, np.uint8))
+    with pytest.raises(ValueError, match="width must be"):
+        c.pack_slivers(src, 0, 0, out)
+    with pytest.raises(ValueError, match="xor must be a byte"):
+        c.pack_slivers(src, 8, 256, out)
+    with pytest.raises(ValueError, match="0 for 2-byte items"):
+        c.pack_slivers(src.astype(np.uint16), 8, 0x88, np.empty((1, 3, 8), np.uint16))
+    with pytest.raises(ValueError, match="must be 2-D"):
+        c.pack_slivers(src.reshape(-1), 8, 0, out)
+    with pytest.raises(ValueError, match="items of 1, 2 or 4 bytes"):
+        c.pack_slivers(src.astype(np.float64), 8, 0, out)
+    with pytest.raises(ValueError, match="negative stride"):
+        c.pack_slivers(src[::-1], 8, 0, out)
+    with pytest.raises(ValueError, match="overlaps src"):
+        both = np.zeros(64, np.uint8)
+        c.pack_slivers(both[:12].reshape(3, 4), 8, 0, both[8:32])
+    with pytest.raises(ValueError, match="too large"):
+        huge = np.lib.stride_tricks.as_strided(src, (1 << 31, 1 << 31), (0, 0))
+        c.pack_slivers(huge, 8, 0, out)
+    with pytest.raises(TypeError, match="writable"):
+        ro = np.empty((1, 3, 8), np.uint8)
+        ro.flags.writeable = False
+        c.pack_slivers(src, 8, 0, ro)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_byte_formats_pack_in_groups_of_slivers(isa, rng):
     """The formats of a byte or less a weight pack four microkernel slivers side by side on

@@ -304,13 +304,23 @@ static inline int64_t nm_pack_width(const nm_isa_kernels *row, int fmt) {
     return NM_PACK_WIDTH_OF(nm_format_table[fmt].itemsize, row->nr, row->pack_width);
 }
 
-/* The packed layout's address arithmetic, the one place C computes it (Python's is
- * narrowmm/_weights.py's pack_slivers): the byte offset of weight (p, j) in weights packed
+/* The packed layout's address arithmetic, the one place C computes it (nm_pack_slivers
+ * writes the layout a group at a time from it, and the C driver checks every byte against
+ * it; Python's is narrowmm/_weights.py's pack_slivers): the byte offset of weight (p, j) in weights packed
  * as groups of `width` columns (nm_pack_width), k rows each (nm_matmul_packed). */
 static inline int64_t nm_packed_offset(int64_t k, int64_t width, int64_t itemsize, int64_t p,
                                        int64_t j) {
     return (((j / width) * k + p) * width + j % width) * itemsize;
 }
+
+/* The (k, n) matrix of `itemsize`-byte items at src + p * row_stride + j * col_stride (bytes,
+ * both >= 0: row-major, transposed or a view) as packed weights: dst gets ceil(n / width)
+ * groups of k stored rows of `width` items (nm_packed_offset), each byte XOR-ed with
+ * xor_byte (a format's packed_xor; 0 for items wider than a byte), the columns past n a zero
+ * item XOR-ed alike. dst must not overlap src (frame/layout.c). */
+void nm_pack_slivers(int64_t k, int64_t n, int64_t itemsize, const uint8_t *src,
+                     int64_t row_stride, int64_t col_stride, int64_t width, uint8_t xor_byte,
+                     uint8_t *dst);
 
 /* A byte of format fmt's row-major codes as packed weights hold it, or a packed byte as the
  * row-major code (the XOR with nm_format_info.packed_xor is its own inverse). */

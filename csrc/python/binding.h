@@ -49,6 +49,7 @@ int find_row(const char *name);
 /* the methods, one file a job (module.c's table lists them) */
 PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *py_pack_slivers(PyObject *self, PyObject *args);
 PyObject *py_encode(PyObject *self, PyObject *args);
 PyObject *py_decode(PyObject *self, PyObject *args);
 PyObject *py_cpu_features(PyObject *self, PyObject *noargs);

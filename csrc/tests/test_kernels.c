@@ -848,6 +848,49 @@ static void test_decoder_step(const nm_isa_kernels *row, const nm_isa_kernels *r
     free(norms), free(embed), free(rot), free(logits[0]), free(logits[1]);
 }
 
+/* nm_pack_slivers against nm_packed_offset, item by item: 1-, 2- and 4-byte items, the
+ * source row-major, transposed (the 8 x 8 byte blocks and their edges) or strided every
+ * other row and column, shapes around the blocks and NM_LAYOUT_ROWS, widths of 1 to 96 and
+ * past n, Q4_0's XOR; dst allocated to its exact size (the sanitizers see any write past
+ * it) with a guard byte checked after. */
+static void test_pack_slivers(void) {
+    static const int64_t ks[] = {0, 1, 7, 8, 9, 63, 64, 65, 130}, ns[] = {0, 1, 5, 8, 23, 97};
+    long bad = 0, cases = 0;
+    for (int64_t item = 1; item <= 4; item *= 2)
+        for (size_t a = 0; a < sizeof ks / sizeof ks[0]; ++a)
+            for (size_t b = 0; b < sizeof ns / sizeof ns[0]; ++b)
+                for (int layout = 0; layout < 3; ++layout) {
+                    const int64_t k = ks[a], n = ns[b];
+                    /* row-major, transposed, every other row and column of a bigger one */
+                    const int64_t rs = layout == 0 ? n * item : layout == 1 ? item : 4 * n * item;
+                    const int64_t cs = layout == 0 ? item : layout == 1 ? k * item : 2 * item;
+                    const size_t src_bytes = (size_t)(4 * (k + 1) * (n + 1) * item);
+                    uint8_t *src = xmalloc(src_bytes);
+                    for (size_t i = 0; i < src_bytes; ++i) src[i] = (uint8_t)next_u64();
+                    const int64_t widths[] = {1, 8, 24, 96, n + 3};
+                    for (int wi = 0; wi < 5; ++wi) {
+                        const int64_t w = widths[wi];
+                        const uint8_t x = item == 1 && wi % 2 ? 0x88 : 0;
+                        const size_t bytes = (size_t)((n + w - 1) / w * w * k * item);
+                        uint8_t *dst = xmalloc(bytes + 1);
+                        dst[bytes] = 0xA5;
+                        nm_pack_slivers(k, n, item, src, rs, cs, w, x, dst);
+                        for (int64_t p = 0; p < k; ++p)
+                            for (int64_t j = 0; j < (n + w - 1) / w * w; ++j)
+                                for (int64_t t = 0; t < item; ++t) {
+                                    const uint8_t want = j < n ? src[p * rs + j * cs + t] ^ x : x;
+                                    bad += dst[nm_packed_offset(k, w, item, p, j) + t] != want;
+                                }
+                        bad += dst[bytes] != 0xA5;
+                        ++cases;
+                        free(dst);
+                    }
+                    free(src);
+                }
+    expect(bad == 0, "nm_pack_slivers: %ld bytes differ from nm_packed_offset's over %ld cases",
+           bad, cases);
+}
+
 int main(void) {
     nm_set_wake_min_work(0); /* split every call that can be split: race the pool always */
     nm_isa_kernels ref;
@@ -861,6 +904,7 @@ int main(void) {
                NM_ISA_UNKNOWN && nm_isa_select(nm_isa_table[0].name, 0u) ==
                (nm_isa_table[0].required ? NM_ISA_UNSUPPORTED : 0),
            "nm_isa_select by name");
+    test_pack_slivers(); /* portable C: once, not per row */
     for (int r = 0; r < nm_isa_count; ++r) {
         const nm_isa_entry *e = &nm_isa_table[r];
         if (!nm_isa_runs_on(r, features)) {

@@ -133,7 +133,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     ``batch_invariant=True`` and :class:`Decoder` take Llama, Qwen2 and Qwen3 files; the
     other architectures ``transformers`` reads build without them.
 
-    Progress: a bar over the tensors converted (the longest part of a large file's load) on
+    Progress: a bar over the tensors converted (a large part of a large file's load) on
     stderr, as ``transformers``' own loads show one; ``transformers.utils.logging.
     disable_progress_bar()`` silences both.
 
@@ -193,9 +193,9 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         else:
             value = _float_tensor(f, gguf_name, processor, tuple(getattr(module, param).shape))
             setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
-    # the long part of a large file's load (about 5 s of the 1B-shaped Q4_0 file's 10 on a
-    # Zen 3): a bar as transformers' own loads show, and silenced by the same switch
-    # (transformers.utils.logging.disable_progress_bar)
+    # the conversions (about 3 s of the 1B-shaped Q4_0 file's 10-s load on a Zen 3, most of
+    # the rest transformers' configuration parsing): a bar as transformers' own loads show,
+    # and silenced by the same switch (transformers.utils.logging.disable_progress_bar)
     tensors = len(linears) + len(embeddings)
     with transformers.utils.logging.tqdm(total=tensors, unit="tensor", leave=False,
                                          desc=f"narrowmm: {name}'s blocks") as bar:
