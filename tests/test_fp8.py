@@ -347,6 +347,15 @@ def test_scale_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"e4m3fn scales must be finite and below 1\.32923e\+36"):
         nm.Weights.from_bits(q, "e4m3fn", nm.Scales.tensor(2.0**120))
     nm.Weights.from_bits(q, "e4m3fn", nm.Scales.tensor(2.0**119))  # the largest power of two
+    below = float(np.nextafter(np.float32(2.0**120), np.float32(0)))  # the largest allowed
+    nm.Weights.from_bits(q, "e4m3fn", nm.Scales.tensor(-below))
+    with pytest.raises(ValueError, match="e4m3fn scales must be finite and below"):
+        nm.Weights.from_bits(q, "e4m3fn", nm.Scales.tensor(-(2.0**120)))
+    # the 2^128 limit of the others: every finite float32 passes, an infinity does not
+    big = float(np.finfo(np.float32).max)
+    nm.Weights.from_bits(q, "q8_0", nm.Scales.blocks(np.full((1, 6), -big, np.float32), (32, 1)))
+    with pytest.raises(ValueError, match="q8_0 scales must be finite and below"):
+        nm.Weights.from_bits(q, "q8_0", nm.Scales.tensor(float("-inf")))
     with pytest.raises(ValueError, match="must be finite"):
         nm.Weights.from_bits(q, "e5m2", nm.Scales.tensor(float("nan")))
     with pytest.raises(ValueError, match="format 'bf16' takes no scales"):

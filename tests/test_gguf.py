@@ -19,6 +19,7 @@ import narrowmm as nm
 from narrowmm import _scales
 from narrowmm.checkpoints import _gguf_blocks
 from narrowmm.checkpoints.gguf import GGML_TYPES
+from narrowmm.providers.native import core
 
 gguf = require("gguf")
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
@@ -163,15 +164,18 @@ FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1":
                "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
+@pytest.mark.parametrize("pairing", ["native", "numpy"])
 @pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
 @pytest.mark.parametrize("type_name", list(FP16_FIELDS))
 def test_every_block_type_reads_as_the_gguf_package_dequantizes_it(tmp_path, monkeypatch,
-                                                                   type_name, sliced):
+                                                                   type_name, sliced, pairing):
     """Random blocks (any codes, sub-block scales and mins; finite fp16 fields of every
     sign and a wide range) written by gguf-py: the weights narrowmm makes of them decode
     to gguf.quants.dequantize's values bit for bit, and compute. Sliced: converted and
     decoded a few rows at a time (as large tensors are), slices that do not divide the
-    rows."""
+    rows. The 4-bit codes paired by the native core (nm_nibble_pairs) and by NumPy alike."""
+    if pairing == "numpy":
+        monkeypatch.setattr(_gguf_blocks, "core", lambda: None)
     rng = np.random.default_rng(sum(map(ord, type_name)))
     t = gguf.GGMLQuantizationType[type_name]
     block, size = gguf.constants.GGML_QUANT_SIZES[t]
@@ -198,6 +202,30 @@ def test_every_block_type_reads_as_the_gguf_package_dequantizes_it(tmp_path, mon
     assert_same_bits(w.decode(), gguf.quants.dequantize(f.array("w"), t))
     x = rng.standard_normal((3, w.in_features)).astype(np.float32)
     assert_same_bits(nm.Linear(w)(x), nm.matmul(x, w.transpose()))
+
+
+def test_native_nibble_pairs_refuses_bad_arguments():
+    """The binding under block_nibble_pairs checks its sizes: a ValueError naming them,
+    never a read past the blocks or a write past out."""
+    c = core()
+    blocks = np.arange(36, dtype=np.uint8).reshape(2, 18)  # two Q4_0 blocks
+    out = np.empty(32, np.uint8)
+    c.nibble_pairs(blocks, 18, 2, 16, 1, out)
+    np.testing.assert_array_equal(out.reshape(2, 16), _gguf_blocks.nibble_pairs(blocks[:, 2:]))
+    for size, offset, run, runs in [(18, 3, 16, 1), (18, 2, 15, 1), (18, 2, 16, 2),
+                                    (0, 0, 2, 1), (18, -1, 16, 1), (18, 2, 0, 1),
+                                    (18, 2, 16, 0), (18, 19, 2, 1), (18, 2, 1 << 62, 1 << 62)]:
+        with pytest.raises(ValueError, match="do not fit"):
+            c.nibble_pairs(blocks, size, offset, run, runs, out)
+    with pytest.raises(ValueError, match=r"36 bytes of blocks .* into 31 bytes of out"):
+        c.nibble_pairs(blocks, 18, 2, 16, 1, out[:31])
+    with pytest.raises(ValueError, match="36 bytes of blocks"):
+        c.nibble_pairs(blocks, 17, 2, 14, 1, out)
+    with pytest.raises(ValueError, match="out overlaps blocks"):
+        both = np.zeros(64, np.uint8)
+        c.nibble_pairs(both[:36], 18, 2, 16, 1, both[30:62])
+    with pytest.raises(TypeError, match="C-contiguous"):
+        c.nibble_pairs(blocks[:, ::2], 9, 1, 8, 1, out[:16])
 
 
 def test_the_type_table_agrees_with_the_gguf_package():

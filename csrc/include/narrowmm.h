@@ -322,6 +322,14 @@ void nm_pack_slivers(int64_t k, int64_t n, int64_t itemsize, const uint8_t *src,
                      int64_t row_stride, int64_t col_stride, int64_t width, uint8_t xor_byte,
                      uint8_t *dst);
 
+/* GGUF's 4-bit codes as narrowmm's row-major 4-bit bytes (two codes a byte, code 2j in byte
+ * j's low nibble): in each of `blocks` blocks of block_bytes bytes, `runs` runs of `run`
+ * bytes (even) from byte `offset`, byte i of a run holding its codes i (low nibble) and
+ * i + run (high), GGUF's Q4_0 / Q4_1 (one run of 16) and Q4_K (four of 32) layout; dst gets
+ * run bytes a run, in order (frame/layout.c). */
+void nm_nibble_pairs(int64_t blocks, int64_t block_bytes, int64_t offset, int64_t run,
+                     int64_t runs, const uint8_t *src, uint8_t *dst);
+
 /* A byte of format fmt's row-major codes as packed weights hold it, or a packed byte as the
  * row-major code (the XOR with nm_format_info.packed_xor is its own inverse). */
 static inline uint8_t nm_packed_code(int fmt, uint8_t byte) {

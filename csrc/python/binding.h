@@ -50,6 +50,7 @@ int find_row(const char *name);
 PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *py_matmul_packed(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *py_pack_slivers(PyObject *self, PyObject *args);
+PyObject *py_nibble_pairs(PyObject *self, PyObject *args);
 PyObject *py_encode(PyObject *self, PyObject *args);
 PyObject *py_decode(PyObject *self, PyObject *args);
 PyObject *py_cpu_features(PyObject *self, PyObject *noargs);

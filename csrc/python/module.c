@@ -42,6 +42,9 @@ static PyMethodDef methods[] = {
      "bias=None): the row's packed layout; x and out (m, k) and (m, n), or (k,) and (n,)."},
     {"pack_slivers", py_pack_slivers, METH_VARARGS,
      "pack_slivers(src, width, xor, out): a 2-D array into the packed layout."},
+    {"nibble_pairs", py_nibble_pairs, METH_VARARGS,
+     "nibble_pairs(blocks, block_bytes, offset, run, runs, out): GGUF's 4-bit codes as "
+     "narrowmm's."},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(fmt, x, weights, out, accumulate[, scales, block, finite], *, bias=None): out "
      "(+)= x @ decode(weights), each chain from bias[j] when given; x and out (m, k) and "

@@ -891,6 +891,39 @@ static void test_pack_slivers(void) {
            bad, cases);
 }
 
+/* nm_nibble_pairs against the codes themselves: GGUF's byte i of a run holds codes i and
+ * i + run; narrowmm's byte j codes 2j and 2j + 1. Q4_0's, Q4_1's and Q4_K's layouts and a
+ * short run, every byte value, dst to its exact size with a guard byte after. */
+static void test_nibble_pairs(void) {
+    static const int64_t layouts[][4] = {{18, 2, 16, 1}, {20, 4, 16, 1}, {144, 16, 32, 4},
+                                         {7, 1, 2, 3}};
+    long bad = 0;
+    for (int l = 0; l < 4; ++l) {
+        const int64_t size = layouts[l][0], offset = layouts[l][1], run = layouts[l][2],
+                      runs = layouts[l][3], blocks = 37;
+        uint8_t *src = xmalloc((size_t)(blocks * size));
+        for (int64_t i = 0; i < blocks * size; ++i) src[i] = (uint8_t)(i * 7 + l);
+        const size_t bytes = (size_t)(blocks * runs * run);
+        uint8_t *dst = xmalloc(bytes + 1);
+        dst[bytes] = 0x5A;
+        nm_nibble_pairs(blocks, size, offset, run, runs, src, dst);
+        for (int64_t b = 0; b < blocks; ++b)
+            for (int64_t t = 0; t < runs; ++t) {
+                const uint8_t *q = src + b * size + offset + t * run;
+                const uint8_t *got = dst + (b * runs + t) * run;
+                for (int64_t j = 0; j < run; ++j) {
+                    const int64_t c0 = 2 * j, c1 = 2 * j + 1; /* the codes byte j holds */
+                    const unsigned lo = c0 < run ? q[c0] & 15u : q[c0 - run] >> 4;
+                    const unsigned hi = c1 < run ? q[c1] & 15u : q[c1 - run] >> 4;
+                    bad += got[j] != (uint8_t)(lo | hi << 4);
+                }
+            }
+        bad += dst[bytes] != 0x5A;
+        free(src), free(dst);
+    }
+    expect(bad == 0, "nm_nibble_pairs: %ld bytes differ from the codes' pairs", bad);
+}
+
 int main(void) {
     nm_set_wake_min_work(0); /* split every call that can be split: race the pool always */
     nm_isa_kernels ref;
@@ -905,6 +938,7 @@ int main(void) {
                (nm_isa_table[0].required ? NM_ISA_UNSUPPORTED : 0),
            "nm_isa_select by name");
     test_pack_slivers(); /* portable C: once, not per row */
+    test_nibble_pairs();
     for (int r = 0; r < nm_isa_count; ++r) {
         const nm_isa_entry *e = &nm_isa_table[r];
         if (!nm_isa_runs_on(r, features)) {

@@ -38,8 +38,11 @@ def checked_scales(fmt: Format, scales: Scales | None, shape: tuple[int, int],
     if not isinstance(scales, Scales):
         raise TypeError(f"scales must be a narrowmm.Scales, got {type(scales).__name__}")
     scales.check(shape, what)
-    v = scales.values
-    ok = np.isfinite(v) & (np.abs(v.astype(np.float64)) < fmt.max_scale)  # 2^128: no float32
+    v = scales.values  # float32 (Scales makes it so)
+    # max_scale is a power of two: below 2^128 a float32 one, compared exactly; 2^128 itself
+    # is past float32, whose finite values are all below it (NaN compares False either way)
+    limit = fmt.max_scale
+    ok = np.abs(v) < np.float32(limit) if limit < 2.0 ** 128 else np.isfinite(v)
     if not ok.all():
         bad = v[~ok].flat[0]
         raise ValueError(f"{fmt.name} scales must be finite and below {fmt.max_scale:g} in "
