@@ -1,11 +1,10 @@
 /* narrowmm: weights' layouts, made once at load: GGUF's 4-bit codes as narrowmm's
  * (nm_nibble_pairs), and weights into the packed layout that nm_matmul_packed reads
  * (nm_pack_slivers, the C side of narrowmm/_weights.py's pack_slivers). The latter is a copy
- * with no arithmetic: each item lands at
- * nm_packed_offset, each byte XOR-ed with the format's packed_xor, the columns past n the
- * XOR of a zero. Made once per layer at load, so what matters is reading the source well:
- * a GGUF tensor arrives transposed (a column's items contiguous), which NumPy's copy took
- * at 0.3-0.8 GB/s. */
+ * with no arithmetic: each item lands at nm_packed_offset, each byte XOR-ed with the
+ * format's packed_xor, the columns past n the XOR of a zero. What matters is reading the
+ * source well: a GGUF tensor arrives transposed (a column's items contiguous), which
+ * NumPy's copy took at 0.3-0.8 GB/s. */
 #include <string.h>
 
 #include "../include/narrowmm.h"
@@ -52,9 +51,9 @@ static inline void transpose_words(uint64_t *x, int w) {
  * at base + c * col_stride + p * size: a transposed view) into the group's stored rows
  * `line` bytes apart: w x w blocks (w = 8 / size) through transpose_words, the edges an
  * item at a time. */
-static inline void copy_columns(uint8_t *group, int64_t line, const uint8_t *base, int64_t col_stride,
-                         int64_t size, int64_t p0, int64_t rows, int64_t cols,
-                         uint8_t xor_byte) {
+static inline void copy_columns(uint8_t *group, int64_t line, const uint8_t *base,
+                                int64_t col_stride, int64_t size, int64_t p0, int64_t rows,
+                                int64_t cols, uint8_t xor_byte) {
     const int w = (int)(8 / size);
     const uint64_t xor8 = 0x0101010101010101ull * xor_byte; /* 0 unless one-byte items */
     int64_t c = 0;
@@ -102,7 +101,8 @@ void nm_pack_slivers(int64_t k, int64_t n, int64_t itemsize, const uint8_t *src,
                     /* each size its own inlined copy, w a constant: four-byte items
                      * ran 1.9x faster so than through one copy for all sizes */
                     if (itemsize == 1)
-                        copy_columns(group, line, base, col_stride, 1, p0, rows, cols, xor_byte);
+                        copy_columns(group, line, base, col_stride, 1, p0, rows, cols,
+                                     xor_byte);
                     else if (itemsize == 2)
                         copy_columns(group, line, base, col_stride, 2, p0, rows, cols, 0);
                     else

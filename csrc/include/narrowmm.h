@@ -306,8 +306,9 @@ static inline int64_t nm_pack_width(const nm_isa_kernels *row, int fmt) {
 
 /* The packed layout's address arithmetic, the one place C computes it (nm_pack_slivers
  * writes the layout a group at a time from it, and the C driver checks every byte against
- * it; Python's is narrowmm/_weights.py's pack_slivers): the byte offset of weight (p, j) in weights packed
- * as groups of `width` columns (nm_pack_width), k rows each (nm_matmul_packed). */
+ * it; Python's is narrowmm/_weights.py's pack_slivers): the byte offset of weight (p, j)
+ * in weights packed as groups of `width` columns (nm_pack_width), k rows each
+ * (nm_matmul_packed). */
 static inline int64_t nm_packed_offset(int64_t k, int64_t width, int64_t itemsize, int64_t p,
                                        int64_t j) {
     return (((j / width) * k + p) * width + j % width) * itemsize;

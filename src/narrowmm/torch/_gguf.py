@@ -193,7 +193,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         else:
             value = _float_tensor(f, gguf_name, processor, tuple(getattr(module, param).shape))
             setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
-    # the conversions (about 3 s of the 1B-shaped Q4_0 file's 10-s load on a Zen 3, most of
+    # the conversions (about 2.5 s of the 1B-shaped Q4_0 file's 8-s load on a Zen 3, most of
     # the rest transformers' configuration parsing): a bar as transformers' own loads show,
     # and silenced by the same switch (transformers.utils.logging.disable_progress_bar)
     tensors = len(linears) + len(embeddings)
