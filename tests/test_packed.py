@@ -157,7 +157,8 @@ def _numpy_slivers(bits, width, xor):
 def test_native_sliver_copy_gives_numpy_bytes_for_every_stride(dtype, rng):
     """nm_pack_slivers (the native copy Weights.pack and TorchWeights.pack use) against
     NumPy's, byte for byte: row-major, transposed (a GGUF tensor's codes: the 8 x 8 blocks
-    and their edges), a sub-block with a longer row stride, every-other-row strides, shapes
+    and their edges), a sub-block with a longer row stride, every other row, every other
+    row and column (neither stride an item: the copy an item at a time), shapes
     around the block size (8 / itemsize) and the widths (8, 24, 96, one group past n), k
     and n of 0, and Q4_0's XOR (one-byte items only)."""
     from narrowmm._weights import pack_slivers
@@ -171,7 +172,8 @@ def test_native_sliver_copy_gives_numpy_bytes_for_every_stride(dtype, rng):
                if info else rng.standard_normal((side, side)).astype(dtype))
         views = {"row-major": big[:k, :n].copy(), "transposed": big[:n, :k].copy().T,
                  "sub-block": big[1:k + 1, 2:n + 2], "every other row": big[:2 * k:2, :n],
-                 "transposed sub-block": big[3:n + 3, 1:k + 1].T}
+                 "transposed sub-block": big[3:n + 3, 1:k + 1].T,
+                 "every other row and column": big[:2 * k:2, :2 * n:2]}
         for width in (8, 24, 96, n + 1):
             for xor in ((0, 0x88) if dtype == np.uint8 else (0,)):
                 for name, v in views.items():
