@@ -330,14 +330,20 @@ def test_a_qwen2_file_keeps_its_biases_and_runs_as_its_float32_model(tmp_path):
     assert_runs_as_the_float32_model_and_in_the_decoder(model, path)
 
 
-def copy_gguf(source: Path, out: Path, drop: str) -> Path:
-    """``source`` written again by gguf-py without the tensor ``drop``."""
+def copy_gguf(source: Path, out: Path, drop: str = "", drop_key: str = "",
+              name: str | None = None, untie: bool = False) -> Path:
+    """``source`` written again by gguf-py without the tensor ``drop`` and the metadata key
+    ``drop_key``, with ``general.name`` set to ``name`` when one is given, and with an
+    ``output.weight`` of its own (the embedding's blocks) when ``untie``."""
     import gguf
 
     reader = gguf.GGUFReader(source)
     writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
+    if name is not None:
+        writer.add_name(name)
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if (key.startswith("GGUF.") or key in ("general.architecture", drop_key)
+                or (name is not None and key == "general.name")):
             continue
         if field.types[0] == gguf.GGUFValueType.ARRAY:
             writer.add_key_value(key, field.contents(), field.types[0],
@@ -347,6 +353,8 @@ def copy_gguf(source: Path, out: Path, drop: str) -> Path:
     for t in reader.tensors:
         if t.name != drop:
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        if untie and t.name == "token_embd.weight":
+            writer.add_tensor("output.weight", t.data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -367,6 +375,42 @@ def test_a_layer_whose_bias_or_weight_the_file_lacks_is_refused_by_name(tmp_path
     with pytest.raises(ValueError, match=r"holds a bias \('blk\.0\.attn_v\.bias'\) but no "
                                          r"weight"):
         nmt.from_gguf(no_weight, threads=False)
+
+
+def test_the_configuration_is_the_one_transformers_reads_from_the_file(tmp_path):
+    """from_gguf reads a Llama, Qwen2 or Qwen3 file's configuration from narrowmm's own parse
+    of its metadata (transformers' reader took 4-5 s of SmolLM2's load): every field of it
+    equals what ``AutoConfig.from_pretrained(folder, gguf_file=name)`` gives, with the
+    embedding tied or not, and the vocabulary's size from the tokens when no key holds it. A
+    Llama file named "mistral", which transformers reads as Mistral, is left to it."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    import narrowmm as nm
+    from narrowmm.torch._gguf import _config_from_metadata
+
+    llama = write_llama(tmp_path / "llama.gguf", "q8_0", hidden=64, layers=1, ffn=128,
+                        heads=2, kv_heads=1)
+    untied = copy_gguf(llama, tmp_path / "untied.gguf", drop_key="llama.vocab_size",
+                       untie=True)
+    files = [Path(smollm2_path()), untied]
+    for arch in ("qwen2", "qwen3"):
+        files.append(write_llama(tmp_path / f"{arch}.gguf", "q4_0", arch=arch, hidden=64,
+                                 layers=1, ffn=128, heads=2, kv_heads=1))
+    tied = set()
+    for path in files:
+        ours = _config_from_metadata(nm.load_gguf(path), str(path.parent), transformers,
+                                     gguf_utils)
+        theirs = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        assert ours is not None and type(ours) is type(theirs), path.name
+        assert ours.to_dict() == theirs.to_dict(), path.name
+        tied.add(ours.tie_word_embeddings)
+    assert tied == {True, False}
+    assert "llama.vocab_size" not in nm.load_gguf(untied).metadata
+    mistral = copy_gguf(llama, tmp_path / "mistral.gguf", name="mistral")
+    assert _config_from_metadata(nm.load_gguf(mistral), str(tmp_path), transformers,
+                                 gguf_utils) is None
+    assert transformers.AutoConfig.from_pretrained(tmp_path, gguf_file=mistral.name
+                                                   ).model_type == "mistral"
 
 
 def test_transformers_processors_apply_to_float_tensors_and_only_reorder_layers(tmp_path):
