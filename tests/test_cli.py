@@ -31,11 +31,12 @@ def test_info_json_schema():
     # the loop that multiplies out the K types' factored scales
     assert info["model_ops"]["silu"] in (f"silu_{info['isa']}", "silu_scalar")
     assert info["factored_scales"] in (f"widen_factored_{info['isa']}", "widen_factored_scalar")
-    # the avx2 row's own m = 1 walks on factored grids (the others' frame multiplies out)
+    # the avx2 row's own m = 1 walks on factored grids (the others' frame multiplies out),
+    # and its m == 4 walks on them multiplied out
     fused = {k["format"]: k.get("factored_scale_kernel") for k in info["kernels"]
              if k["op"] == "matmul"}
-    want = {"q4_1": "gemv_packed_q4_1_factored_avx2 (m=1)",
-            "q8_0": "gemv_packed_q8_0_factored_avx2 (m=1)"} if info["isa"] == "avx2" else {}
+    want = {fmt: f"gemv_packed_{fmt}_factored_avx2 (m=1); gemv4_packed_{fmt}_avx2 (4 rows)"
+            for fmt in ("q4_1", "q8_0")} if info["isa"] == "avx2" else {}
     assert {f: v for f, v in fused.items() if v} == want
 
 

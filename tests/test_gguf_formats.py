@@ -606,9 +606,10 @@ def test_k_types_packed_keep_a_factored_grid_and_the_oracle_bits(type_name, isa)
     scales as an int8 code a block and a float32 factor per 256 rows (factored_grid, then
     sliver-major as their codes): a Q4_K weight 0.59 bytes where a float32 grid made it
     0.75, a Q6_K one 1.08 where it was 1.25. The frame multiplies the codes out for the
-    tiles and the m = 2 walks, the avx2 row's own walks at m = 1; the weights are the same,
-    so are the bits: against the reference oracle, at m = 1, 2, 5 and 16, on 1 and 2
-    threads, from TorchWeights.pack() (what from_gguf holds) and Weights.pack()."""
+    tiles and the m = 2 walks (and the avx2 row's m == 4 ones), the avx2 row's own walks at
+    m = 1; the weights are the same, so are the bits: against the reference oracle, at m = 1
+    to 5, 7, 8 and 16, on 1 and 2 threads, from TorchWeights.pack() (what from_gguf
+    holds) and Weights.pack()."""
     k, n = 1280, 72  # k past two of the walks' chunks of NM_FACTORED_CHUNK_ROWS
     tw = k_type_weights(type_name, k, n, seed=sum(map(ord, type_name)))
     w = tw.transpose()
@@ -628,7 +629,7 @@ def test_k_types_packed_keep_a_factored_grid_and_the_oracle_bits(type_name, isa)
     try:
         for threads in (1, 2):
             nm.set_num_threads(threads)
-            for m in (1, 2, 5, 16):
+            for m in (1, 2, 3, 4, 5, 7, 8, 16):
                 with use_provider("numpy"):  # the same chain, as the oracle's bits show
                     want = nm.matmul(x[:m], w)
                 assert_same_bits(want[:2], oracle[:min(m, 2)])

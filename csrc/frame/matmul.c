@@ -59,7 +59,7 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 #define NM_PAIRED_ROWS 6
 /* A row with an m == 4 walk for the job (nm_isa_kernels.gemv4_packed_half: Q8_0, Q4_0 and
  * Q4_1 on avx2) runs up to this many rows a part through the walks, four at a time (three as
- * a four, quad_on_copies), then a pair, then one. On an AMD EPYC Zen 3 (avx2 row, cold,
+ * a four, three_rows_in), then a pair, then one. On an AMD EPYC Zen 3 (avx2 row, cold,
  * packed, one thread, by process against pairs up to 6 rows and tiles beyond): Q4_0 / Q4_1 /
  * Q8_0 m = 4 1.33-1.38x / 1.29-1.32x / 1.05-1.13x, 6 1.21-1.23x / 1.18-1.20x / 1.04-1.08x, 8
  * 1.09-1.12x / 1.05-1.13x / 1.01-1.10x; at m = 16 fours ran 0.89-0.91x the tiles
@@ -489,7 +489,8 @@ static nm_gemv4_packed_half_fn quad_walk(const matmul_job *job) {
 
 /* Whether a part of `rows` rows runs as pairs of rows (or fours, quad_walk) through the
  * m <= 2 walks (matmul_block): packed groups (packed_in_groups), up to NM_PAIRED_ROWS rows,
- * NM_QUAD_ROWS with an m == 4 walk. */
+ * NM_QUAD_ROWS with an m == 4 walk on a binary16 grid. A factored grid's fours
+ * (factored_quad) keep NM_PAIRED_ROWS: at m = 7 and 8 they ran 0.90-1.01x the tiles. */
 static int paired_rows(const matmul_job *job, int64_t rows) {
     return packed_in_groups(job) && rows <= (quad_walk(job) ? NM_QUAD_ROWS : NM_PAIRED_ROWS);
 }
@@ -519,12 +520,39 @@ static void row_range(int64_t m, int64_t mr, int part, int parts, int64_t *begin
     *end = min64(m, tiles * (part + 1) / parts * mr);
 }
 
+/* The row's m == 4 walk on float32 scales for the job, or NULL: packed weights under a
+ * factored grid, which factored_chunks multiplies out (the K types' forms, q4_1 and q8_0).
+ * Against pairs, on a Zen 3 (cold, one thread, k and n of 576 to 8192): Q4_K m = 4
+ * 1.20-1.28x, m = 6 1.15-1.17x; Q6_K 1.10-1.15x and 1.06-1.09x. */
+static nm_gemv4_packed_fn factored_quad(const matmul_job *job) {
+    return job->packed && job->scales && nm_factored(job->scales) && job->slot == job->fmt
+               ? job->isa->gemv4_packed[job->fmt]
+               : NULL;
+}
+
+/* Three rows of C (ldc apart, w columns) run through an m == 4 walk as a four: A's rows and
+ * a zero one in a_pad (k floats apart, made once a part), C's through c_pad, a copy (w
+ * apart) whose fourth row is dropped. The three chains are the walk's, so the same bits as
+ * a pair and a row; one decode for three rows instead of two: on a Zen 3 (cold, one thread)
+ * Q4 at m = 3 ran 1.14-1.21x, at m = 7 1.07-1.15x; Q8_0, whose decode is cheaper,
+ * 0.95-1.00x and 1.03-1.12x. */
+/* the widest chunk of columns a call of the m <= 2 path takes: 8 slivers of the widest NR */
+#define NM_QUAD_PAD_COLUMNS (NM_BLOCKED_GEMV_SLIVERS * 32)
+static void three_rows_in(float *c_pad, const float *c, int64_t ldc, int64_t w) {
+    for (int r = 0; r < 3; ++r) memcpy(c_pad + r * w, c + r * ldc, (size_t)w * sizeof(float));
+    memset(c_pad + 3 * w, 0, (size_t)w * sizeof(float));
+}
+static void three_rows_out(float *c, int64_t ldc, const float *c_pad, int64_t w) {
+    for (int r = 0; r < 3; ++r) memcpy(c + r * ldc, c_pad + r * w, (size_t)w * sizeof(float));
+}
+
 /* Rows [i0, i1) of C's columns jc.. (w wide, inside one group) on packed weights under a
  * factored grid. One row, on a row with a walk of its own for such grids
  * (gemv_packed_factored): one call through all of k. Else through the packed m <= 2 walks,
  * k_chunk rows of k at a time, each chunk's blocks of scales multiplied out once (into
- * scale_buf) for every pair of rows, which then reads the chunk's weights in turn (the pairs
- * after the first from L1 or L2), C going to memory between chunks: on a Zen 3 the Q4_K gemv
+ * scale_buf) for every pair of rows (four with factored_quad, three as a four on a_pad's
+ * copies), which then reads the chunk's weights in turn (the pairs after the first from L1
+ * or L2), C going to memory between chunks: on a Zen 3 the Q4_K gemv
  * at m = 1 ran 0.85-0.87x the float32 grid's so, 0.97-0.99x on the avx2 walk (a prefetch of
  * the next chunk's grid lines changed nothing: a group-major grid's runs are long enough
  * for the hardware's). */
@@ -536,7 +564,8 @@ static nm_gemv_packed_factored_fn factored_walk(const matmul_job *job, int64_t r
 }
 
 static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64_t jc,
-                            int64_t w, int64_t k_chunk, int64_t slb, float *scale_buf) {
+                            int64_t w, int64_t k_chunk, int64_t slb, float *scale_buf,
+                            const float *a_pad) {
     const nm_isa_kernels *isa = job->isa;
     const nm_scales *sc = job->scales;
     const int64_t bk = sc->bk;
@@ -552,6 +581,7 @@ static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64
     }
     /* the walks read whole slivers' scales, the last one's padding too (ld covers them) */
     const int64_t sw = (w + isa->nr - 1) / isa->nr * isa->nr;
+    const nm_gemv4_packed_fn quad = factored_quad(job); /* four rows at a time, if any */
     for (int64_t p0 = 0, p1; p0 < job->k; p0 = p1) {
         p1 = min64(job->k, p0 + k_chunk);
         const float *s, *o;
@@ -561,33 +591,26 @@ static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64
         const uint8_t *b = weights_at(job, p0, jc, &ldb);
         for (int64_t ir = i0, pair; ir < i1; ir += pair) {
             pair = min64(2, i1 - ir);
+            if (quad && i1 - ir >= 4)
+                pair = 4;
+            else if (quad && a_pad && i1 - ir == 3 && w <= NM_QUAD_PAD_COLUMNS)
+                pair = 3;
             const float *a = job->a + ir * job->lda + p0;
             float *c = job->c + ir * job->ldc + jc;
-            if (pair == 1)
+            if (pair == 1) {
                 isa->gemv_packed[job->slot](p1 - p0, ldb, slb, w, a, b, c, s, o, bk, lds);
-            else
+            } else if (pair == 4) {
+                quad(p1 - p0, ldb, slb, w, a, job->lda, b, c, job->ldc, s, o, bk, lds);
+            } else if (pair == 3) {
+                float c_pad[4 * NM_QUAD_PAD_COLUMNS];
+                three_rows_in(c_pad, c, job->ldc, w);
+                quad(p1 - p0, ldb, slb, w, a_pad + p0, job->k, b, c_pad, w, s, o, bk, lds);
+                three_rows_out(c, job->ldc, c_pad, w);
+            } else
                 isa->gemv2_packed[job->slot](p1 - p0, ldb, slb, w, a, job->lda, b, c,
                                              job->ldc, s, o, bk, lds);
         }
     }
-}
-
-/* Three rows of C (ldc apart, w columns) through an m == 4 walk: A's rows and a zero one in
- * a_pad (lda apart), C's through a copy whose fourth row is dropped. The three chains are
- * the walk's, so the same bits as a pair and a row; one decode for three rows instead of
- * two: on a Zen 3 (cold, one thread) Q4 at m = 3 ran 1.14-1.21x, at m = 7 1.07-1.15x; Q8_0,
- * whose decode is cheaper, 0.95-1.00x and 1.03-1.12x. */
-/* the widest chunk of columns a call of the m <= 2 path takes: 8 slivers of the widest NR */
-#define NM_QUAD_PAD_COLUMNS (NM_BLOCKED_GEMV_SLIVERS * 32)
-static void quad_on_copies(nm_gemv4_packed_half_fn quad, int64_t k, int64_t ldb, int64_t slb,
-                           int64_t w, const float *a_pad, int64_t lda, const uint8_t *b,
-                           float *c, int64_t ldc, const uint16_t *s, const uint16_t *o,
-                           int64_t bk, int64_t lds) {
-    float c_pad[4 * NM_QUAD_PAD_COLUMNS];
-    for (int r = 0; r < 3; ++r) memcpy(c_pad + r * w, c + r * ldc, (size_t)w * sizeof(float));
-    memset(c_pad + 3 * w, 0, (size_t)w * sizeof(float));
-    quad(k, ldb, slb, w, a_pad, lda, b, c_pad, w, s, o, bk, lds);
-    for (int r = 0; r < 3; ++r) memcpy(c + r * ldc, c_pad + r * w, (size_t)w * sizeof(float));
 }
 
 /* The block of C of rows [i0, i1) and columns [j0, j1) (j0 a multiple of job_grain),
@@ -647,7 +670,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         /* with an m == 4 walk, the three rows left after the fours (m = 3, 7) run as a four
          * too, on copies: their A with a zero fourth row, and their C tile (c_pad) */
         float *a_pad = NULL;
-        if (quad && rows % 4 == 3) {
+        if ((quad || (k_chunk && factored_quad(job))) && rows % 4 == 3) {
             const size_t a_bytes = (size_t)(4 * job->k) * sizeof(float);
             a_pad = aligned_alloc(64, (a_bytes + 63) / 64 * 64);
             if (!a_pad) {
@@ -664,7 +687,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
             const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
             if (k_chunk) { /* a factored grid on packed weights */
-                factored_chunks(job, i0, i1, jc, w, k_chunk, slb, scale_buf);
+                factored_chunks(job, i0, i1, jc, w, k_chunk, slb, scale_buf, a_pad);
                 continue;
             }
             for (int64_t ir = i0, pair; ir < i1; ir += pair) {
@@ -691,9 +714,13 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                         else if (pair == 4)
                             quad(p1 - p0, ldb, slb, w, a + p0, job->lda, b, c, job->ldc, s, o,
                                  bk, lds);
-                        else if (pair == 3)
-                            quad_on_copies(quad, p1 - p0, ldb, slb, w, a_pad + p0, job->k, b, c,
-                                           job->ldc, s, o, bk, lds);
+                        else if (pair == 3) {
+                            float c_pad[4 * NM_QUAD_PAD_COLUMNS];
+                            three_rows_in(c_pad, c, job->ldc, w);
+                            quad(p1 - p0, ldb, slb, w, a_pad + p0, job->k, b, c_pad, w, s, o,
+                                 bk, lds);
+                            three_rows_out(c, job->ldc, c_pad, w);
+                        }
                         else
                             isa->gemv2_packed_half[job->fmt](p1 - p0, ldb, slb, w, a + p0,
                                                              job->lda, b, c, job->ldc, s, o,

@@ -138,6 +138,15 @@ typedef void (*nm_gemv4_packed_half_fn)(int64_t k, int64_t ldb, int64_t slb, int
                                         int64_t ldc, const uint16_t *s, const uint16_t *o,
                                         int64_t bk, int64_t lds);
 
+/* m == 4 on packed weights under float32 scales, where a row has it (NULL: the frame takes
+ * pairs of rows): nm_gemv4_packed_half_fn's chains on the scales gemv2_packed takes. The
+ * frame uses it for factored grids (the K types), whose blocks it multiplies out a chunk of
+ * k at a time for every row of the part. */
+typedef void (*nm_gemv4_packed_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                   const float *a, int64_t lda, const uint8_t *b, float *c,
+                                   int64_t ldc, const float *s, const float *o, int64_t bk,
+                                   int64_t lds);
+
 /* The m == 1 packed gemv on a factored grid (nm_scales.c8), where a row has one (NULL: the
  * frame multiplies the grid out for gemv_packed): the same walk and chains, each block's
  * scales (offsets) the products of its codes cs (co), ld apart from block to block, and its
@@ -238,6 +247,9 @@ typedef struct nm_isa_kernels {
     /* optional (NULL: none): Q8_0, Q4_0 and Q4_1 on the avx2 row */
     nm_gemv4_packed_half_fn gemv4_packed_half[NM_FMT_COUNT];
     const char *gemv4_packed_half_name[NM_FMT_COUNT];
+    /* optional (NULL: none): Q8_0 and Q4_1 on the avx2 row, for factored grids */
+    nm_gemv4_packed_fn gemv4_packed[NM_FMT_COUNT];
+    const char *gemv4_packed_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_PACK_SLOTS];
     const char *pack_name[NM_PACK_SLOTS];
     nm_ukernel_fn ukernel;

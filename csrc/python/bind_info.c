@@ -146,6 +146,11 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
         if (!r->gemv_packed_factored[fmt]) return PyList_New(0);
         return Py_BuildValue("[s]", r->gemv_packed_factored_name[fmt]);
     }
+    /* the m == 4 packed walk on float32 scales (the frame's, for factored grids) */
+    if (strcmp(op, "matmul_packed_quad") == 0) {
+        if (!r->gemv4_packed[fmt]) return PyList_New(0);
+        return Py_BuildValue("[s]", r->gemv4_packed_name[fmt]);
+    }
     if (strcmp(op, "matmul_packed_half") == 0) {
         if (!r->gemv_packed_half[fmt] || !r->gemv2_packed_half[fmt]) return PyList_New(0);
         if (r->gemv4_packed_half[fmt]) /* the optional m == 4 walk */

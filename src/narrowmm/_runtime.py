@@ -66,10 +66,13 @@ def runtime_info() -> dict[str, Any]:
                 rows = ("m=1", "m=2", "4 rows")[:len(half)]  # the m == 4 walk: optional
                 entry["half_scale_kernel"] = "; ".join(
                     f"{name} ({r})" for name, r in zip(half, rows, strict=True))
-            factored = (native.kernel_names("matmul_packed_factored", fmt)
-                        if op == "matmul" else [])
-            if factored:  # packed weights under a factored grid (the K types), m = 1
-                entry["factored_scale_kernel"] = f"{factored[0]} (m=1)"
+            # packed weights under a factored grid (the K types): the row's own m = 1 walk
+            # and the m == 4 walk on the grid multiplied out, each where the row has one
+            factored = [f"{walk} ({rows})" for what, rows in (("matmul_packed_factored", "m=1"),
+                                                              ("matmul_packed_quad", "4 rows"))
+                        for walk in (native.kernel_names(what, fmt) if op == "matmul" else [])]
+            if factored:
+                entry["factored_scale_kernel"] = "; ".join(factored)
         kernels.append({**entry, "kernel": name})
     return {
         "version": __version__,

@@ -450,13 +450,20 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
 #define QUAD_HIGH_Q4_0(v, p0, p1, mask)                                                      \
     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_load_si256(mask))),          \
                   _mm256_load_ps(p1))
-/* Q4_1: fma(q, d, m) on the codes zero-extended */
+/* Q4_1: fma(q, d, m) on the codes zero-extended; its scales and offsets binary16
+ * (widened exactly) or float32 (Q4_1F: a factored grid multiplied out by the frame) */
 #define QUAD_WIDEN_Q4_1(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
-#define QUAD_STAGE_Q4_1(st0, st1, s, o)                                                      \
+#define QUAD_STAGE_SCALES_OFFSETS(st0, st1, s, o, WIDEN8)                                    \
     do {                                                                                     \
-        _mm256_store_ps(st0, LOAD8_HALF(s));                                                 \
-        _mm256_store_ps(st1, LOAD8_HALF(o));                                                 \
+        _mm256_store_ps(st0, WIDEN8(s));                                                     \
+        _mm256_store_ps(st1, WIDEN8(o));                                                     \
     } while (0)
+#define QUAD_STAGE_Q4_1(st0, st1, s, o) QUAD_STAGE_SCALES_OFFSETS(st0, st1, s, o, LOAD8_HALF)
+#define QUAD_WIDEN_Q4_1F QUAD_WIDEN_Q4_1
+#define QUAD_STAGE_Q4_1F(st0, st1, s, o)                                                     \
+    QUAD_STAGE_SCALES_OFFSETS(st0, st1, s, o, _mm256_loadu_ps)
+#define QUAD_LOW_Q4_1F QUAD_LOW_Q4_1
+#define QUAD_HIGH_Q4_1F QUAD_HIGH_Q4_1
 #define QUAD_LOW_Q4_1(v, p0, p1, mask)                                                       \
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_load_si256(mask))),        \
                     _mm256_load_ps(p0), _mm256_load_ps(p1))
@@ -480,10 +487,10 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
         _Pragma("GCC unroll 8") for (int x_ = 0; x_ < 4 * (V); ++x_)                         \
             acc[x_] = _mm256_fmadd_ps(av_[x_ / (V)], wv[x_ % (V)], acc[x_]);                 \
     } while (0)
-#define NM_DEFINE_NIBBLE_QUAD(NAME, FMT, V, MASK)                                            \
+#define NM_DEFINE_NIBBLE_QUAD(NAME, FMT, ST, V, MASK)                                        \
     static void NAME(int64_t k, int64_t ldb, const int64_t *off, const float *a,             \
-                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const uint16_t *s, \
-                     const uint16_t *o, int64_t bk, int64_t lds) {                           \
+                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const ST *s,       \
+                     const ST *o, int64_t bk, int64_t lds) {                                 \
         const int64_t block = (bk < k ? bk : k) / 2; /* stored rows under one block */       \
         __m256 acc[4 * (V)];                                                                 \
         QUAD_LOAD_C(acc, V, c, ldc);                                                         \
@@ -519,12 +526,13 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
         }                                                                                    \
         QUAD_STORE_C(acc, V, c, ldc);                                                        \
     }
-/* Q8_0's m == 4 walk on binary16 scales: one row of k a stored row, q * d, the block's d
- * staged and read as a memory operand; the same registers as the nibble walks' */
-#define NM_DEFINE_Q8_0_QUAD(NAME, V)                                                         \
+/* Q8_0's m == 4 walk on binary16 (WIDEN8 LOAD8_HALF) or float32 scales: one row of k a
+ * stored row, q * d, the block's d staged and read as a memory operand; the same registers
+ * as the nibble walks' */
+#define NM_DEFINE_Q8_0_QUAD(NAME, ST, WIDEN8, V)                                             \
     static void NAME(int64_t k, int64_t ldb, const int64_t *off, const float *a,             \
-                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const uint16_t *s, \
-                     const uint16_t *o, int64_t bk, int64_t lds) {                           \
+                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const ST *s,       \
+                     const ST *o, int64_t bk, int64_t lds) {                                 \
         (void)o; /* Q8_0 has no offsets */                                                   \
         const int64_t block = bk < k ? bk : k;                                               \
         __m256 acc[4 * (V)];                                                                 \
@@ -532,7 +540,7 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
         for (int64_t p0 = 0; p0 < k; p0 += block, s = p0 < k ? s + lds : s) {                \
             _Alignas(32) float st[8 * (V)];                                                  \
             _Pragma("GCC unroll 2") for (int w = 0; w < (V); ++w)                            \
-                _mm256_store_ps(st + 8 * w, LOAD8_HALF(s + 8 * w));                          \
+                _mm256_store_ps(st + 8 * w, WIDEN8(s + 8 * w));                              \
             const float *sp = st;                                                            \
             const int64_t end = k - p0 < block ? k : p0 + block;                             \
             for (int64_t p = p0; p < end; ++p) {                                             \
@@ -553,10 +561,10 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
 /* 16 columns at a time, then 8; the last, narrower than 8, on a zero-padded copy of its C
  * (its padding columns' codes and scales, the sliver's padding, read, their results
  * dropped) */
-#define NM_DEFINE_QUAD_WALK(NAME)                                                            \
+#define NM_DEFINE_QUAD_WALK(NAME, ST)                                                        \
     static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
-                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const uint16_t *s, \
-                     const uint16_t *o, int64_t bk, int64_t lds) {                           \
+                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const ST *s,       \
+                     const ST *o, int64_t bk, int64_t lds) {                                 \
         int64_t j = 0;                                                                       \
         for (; j + 16 <= n; j += 16) {                                                       \
             const int64_t off[2] = {j / NR * slb + j % NR, (j + 8) / NR * slb + (j + 8) % NR}; \
@@ -576,15 +584,22 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
             for (int r = 0; r < 4; ++r) memcpy(c + r * ldc + j, tail + 8 * r, bytes);        \
         }                                                                                    \
     }
-NM_DEFINE_NIBBLE_QUAD(gemv4_packed_q4_0_half_signed_avx2_two_, Q4_0, 2, q4_0_high_nibble_mask)
-NM_DEFINE_NIBBLE_QUAD(gemv4_packed_q4_0_half_signed_avx2_one_, Q4_0, 1, q4_0_high_nibble_mask)
-NM_DEFINE_QUAD_WALK(gemv4_packed_q4_0_half_signed_avx2)
-NM_DEFINE_NIBBLE_QUAD(gemv4_packed_q4_1_half_avx2_two_, Q4_1, 2, low_nibble_mask)
-NM_DEFINE_NIBBLE_QUAD(gemv4_packed_q4_1_half_avx2_one_, Q4_1, 1, low_nibble_mask)
-NM_DEFINE_QUAD_WALK(gemv4_packed_q4_1_half_avx2)
-NM_DEFINE_Q8_0_QUAD(gemv4_packed_q8_0_half_avx2_two_, 2)
-NM_DEFINE_Q8_0_QUAD(gemv4_packed_q8_0_half_avx2_one_, 1)
-NM_DEFINE_QUAD_WALK(gemv4_packed_q8_0_half_avx2)
+#define NM_DEFINE_NIBBLE_QUADS(NAME, FMT, ST, MASK)                                          \
+    NM_DEFINE_NIBBLE_QUAD(NAME##_two_, FMT, ST, 2, MASK)                                      \
+    NM_DEFINE_NIBBLE_QUAD(NAME##_one_, FMT, ST, 1, MASK)                                      \
+    NM_DEFINE_QUAD_WALK(NAME, ST)
+#define NM_DEFINE_Q8_0_QUADS(NAME, ST, WIDEN8)                                               \
+    NM_DEFINE_Q8_0_QUAD(NAME##_two_, ST, WIDEN8, 2)                                           \
+    NM_DEFINE_Q8_0_QUAD(NAME##_one_, ST, WIDEN8, 1)                                           \
+    NM_DEFINE_QUAD_WALK(NAME, ST)
+/* binary16 grids (a GGUF file's Q4_0, Q4_1 and Q8_0), then float32 ones (the factored
+ * grids of the K types, multiplied out by the frame: Q4_K, Q2_K as q4_1; Q6_K, Q3_K,
+ * IQ4_XS as q8_0) */
+NM_DEFINE_NIBBLE_QUADS(gemv4_packed_q4_0_half_signed_avx2, Q4_0, uint16_t, q4_0_high_nibble_mask)
+NM_DEFINE_NIBBLE_QUADS(gemv4_packed_q4_1_half_avx2, Q4_1, uint16_t, low_nibble_mask)
+NM_DEFINE_Q8_0_QUADS(gemv4_packed_q8_0_half_avx2, uint16_t, LOAD8_HALF)
+NM_DEFINE_NIBBLE_QUADS(gemv4_packed_q4_1_avx2, Q4_1F, float, low_nibble_mask)
+NM_DEFINE_Q8_0_QUADS(gemv4_packed_q8_0_avx2, float, _mm256_loadu_ps)
 
 /* Q4_1's packed gemv on a factored grid (nm_gemv_packed_factored_fn: the K types' Q4_K and
  * Q2_K), SL slivers at a time: the staged walk above with each block's scales and offsets
@@ -804,6 +819,8 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     NM_SET_SLOT(row, gemv4_packed_half, NM_FMT_Q4_0, gemv4_packed_q4_0_half_signed_avx2);
     NM_SET_SLOT(row, gemv4_packed_half, NM_FMT_Q4_1, gemv4_packed_q4_1_half_avx2);
     NM_SET_SLOT(row, gemv4_packed_half, NM_FMT_Q8_0, gemv4_packed_q8_0_half_avx2);
+    NM_SET_SLOT(row, gemv4_packed, NM_FMT_Q4_1, gemv4_packed_q4_1_avx2);
+    NM_SET_SLOT(row, gemv4_packed, NM_FMT_Q8_0, gemv4_packed_q8_0_avx2);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q4_1, gemv_packed_q4_1_factored_avx2);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q8_0, gemv_packed_q8_0_factored_avx2);
     NM_SET_MATMUL_SLOTS(row, pack, avx2);
