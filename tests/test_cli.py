@@ -37,6 +37,8 @@ def test_info_json_schema():
              if k["op"] == "matmul"}
     want = {fmt: f"gemv_packed_{fmt}_factored_avx2 (m=1); gemv4_packed_{fmt}_avx2 (4 rows)"
             for fmt in ("q4_1", "q8_0")} if info["isa"] == "avx2" else {}
+    if info["isa"] == "avx2":  # Q5_K's form: the fours only
+        want["q5_1"] = "gemv4_packed_q5_1_avx2 (4 rows)"
     assert {f: v for f, v in fused.items() if v} == want
 
 

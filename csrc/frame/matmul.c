@@ -489,10 +489,13 @@ static nm_gemv4_packed_half_fn quad_walk(const matmul_job *job) {
 
 /* Whether a part of `rows` rows runs as pairs of rows (or fours, quad_walk) through the
  * m <= 2 walks (matmul_block): packed groups (packed_in_groups), up to NM_PAIRED_ROWS rows,
- * NM_QUAD_ROWS with an m == 4 walk on a binary16 grid. A factored grid's fours
- * (factored_quad) keep NM_PAIRED_ROWS: at m = 7 and 8 they ran 0.90-1.01x the tiles. */
+ * NM_QUAD_ROWS with an m == 4 walk on a binary16 grid. Q5_1's fours there, and a factored
+ * grid's (factored_quad), keep NM_PAIRED_ROWS: at m = 7 and 8 they ran 0.96-1.02x and
+ * 0.90-1.01x the tiles on the Zen 3 (docs/results/factored-quads-zen3-2026-12-06.txt). */
 static int paired_rows(const matmul_job *job, int64_t rows) {
-    return packed_in_groups(job) && rows <= (quad_walk(job) ? NM_QUAD_ROWS : NM_PAIRED_ROWS);
+    const int64_t most =
+        quad_walk(job) && job->fmt != NM_FMT_Q5_1 ? NM_QUAD_ROWS : NM_PAIRED_ROWS;
+    return packed_in_groups(job) && rows <= most;
 }
 
 /* The columns of one grain of a job's column ranges (NM_COLUMN_GRAIN): whole groups for the
@@ -521,7 +524,8 @@ static void row_range(int64_t m, int64_t mr, int part, int parts, int64_t *begin
 }
 
 /* The row's m == 4 walk on float32 scales for the job, or NULL: packed weights under a
- * factored grid, which factored_chunks multiplies out (the K types' forms, q4_1 and q8_0).
+ * factored grid, which factored_chunks multiplies out (the K types' forms, q4_1, q8_0 and
+ * q5_1).
  * Against pairs, on a Zen 3 (cold, one thread, k and n of 576 to 8192): Q4_K m = 4
  * 1.20-1.28x, m = 6 1.15-1.17x; Q6_K 1.10-1.15x and 1.06-1.09x. */
 static nm_gemv4_packed_fn factored_quad(const matmul_job *job) {

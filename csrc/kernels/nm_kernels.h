@@ -244,10 +244,10 @@ typedef struct nm_isa_kernels {
     const char *gemv_packed_half_name[NM_FMT_COUNT];
     nm_gemv2_packed_half_fn gemv2_packed_half[NM_FMT_COUNT];
     const char *gemv2_packed_half_name[NM_FMT_COUNT];
-    /* optional (NULL: none): Q8_0, Q4_0 and Q4_1 on the avx2 row */
+    /* optional (NULL: none): Q8_0, Q4_0, Q4_1 and Q5_1 on the avx2 row */
     nm_gemv4_packed_half_fn gemv4_packed_half[NM_FMT_COUNT];
     const char *gemv4_packed_half_name[NM_FMT_COUNT];
-    /* optional (NULL: none): Q8_0 and Q4_1 on the avx2 row, for factored grids */
+    /* optional (NULL: none): Q8_0, Q4_1 and Q5_1 on the avx2 row, for factored grids */
     nm_gemv4_packed_fn gemv4_packed[NM_FMT_COUNT];
     const char *gemv4_packed_name[NM_FMT_COUNT];
     nm_pack_fn pack[NM_PACK_SLOTS];

@@ -526,32 +526,36 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
         }                                                                                    \
         QUAD_STORE_C(acc, V, c, ldc);                                                        \
     }
-/* Q8_0's m == 4 walk on binary16 (WIDEN8 LOAD8_HALF) or float32 scales: one row of k a
- * stored row, q * d, the block's d staged and read as a memory operand; the same registers
- * as the nibble walks' */
-#define NM_DEFINE_Q8_0_QUAD(NAME, ST, WIDEN8, V)                                             \
+/* The m == 4 walks of the byte formats, Q8_0 (q * d) and Q5_1 (fma(q, d, m)), on binary16
+ * (WIDEN8 LOAD8_HALF) or float32 scales: one row of k a stored row, the block's d (and m)
+ * staged and read as memory operands; the same registers as the nibble walks' */
+#define BYTE_QUAD_STAGE_Q8_0(st0, st1, s, o, WIDEN8) _mm256_store_ps(st0, WIDEN8(s))
+#define BYTE_QUAD_DECODE_Q8_0(p, sp0, sp1) _mm256_mul_ps(load8_q8_0(p), _mm256_load_ps(sp0))
+#define BYTE_QUAD_STAGE_Q5_1 QUAD_STAGE_SCALES_OFFSETS
+#define BYTE_QUAD_DECODE_Q5_1(p, sp0, sp1)                                                   \
+    _mm256_fmadd_ps(load8_q5_1(p), _mm256_load_ps(sp0), _mm256_load_ps(sp1))
+#define NM_DEFINE_BYTE_QUAD(NAME, FMT, ST, WIDEN8, V)                                        \
     static void NAME(int64_t k, int64_t ldb, const int64_t *off, const float *a,             \
                      int64_t lda, const uint8_t *b, float *c, int64_t ldc, const ST *s,       \
                      const ST *o, int64_t bk, int64_t lds) {                                 \
-        (void)o; /* Q8_0 has no offsets */                                                   \
         const int64_t block = bk < k ? bk : k;                                               \
         __m256 acc[4 * (V)];                                                                 \
         QUAD_LOAD_C(acc, V, c, ldc);                                                         \
-        for (int64_t p0 = 0; p0 < k; p0 += block, s = p0 < k ? s + lds : s) {                \
-            _Alignas(32) float st[8 * (V)];                                                  \
+        /* s (and o) step to the next block's scales (never past the last) */                \
+        for (int64_t p0 = 0; p0 < k; p0 += block, s = p0 < k ? s + lds : s,                 \
+                     o = o && p0 < k ? o + lds : o) {                                        \
+            _Alignas(32) float st0[8 * (V)], st1[8 * (V)];                                   \
             _Pragma("GCC unroll 2") for (int w = 0; w < (V); ++w)                            \
-                _mm256_store_ps(st + 8 * w, WIDEN8(s + 8 * w));                              \
-            const float *sp = st;                                                            \
+                BYTE_QUAD_STAGE_##FMT(st0 + 8 * w, st1 + 8 * w, s + 8 * w, o + 8 * w, WIDEN8); \
+            const float *sp0 = st0, *sp1 = st1;                                              \
             const int64_t end = k - p0 < block ? k : p0 + block;                             \
             for (int64_t p = p0; p < end; ++p) {                                             \
-                __asm__("" : "+r"(sp)); /* a memory operand at every use */                  \
+                __asm__("" : "+r"(sp0), "+r"(sp1)); /* memory operands at every use */       \
                 const uint8_t *row = b + p * ldb;                                            \
                 NM_PACKED_GEMV_PREFETCH(row, ldb);                                           \
                 __m256 wv[V];                                                                \
                 _Pragma("GCC unroll 2") for (int w = 0; w < (V); ++w)                        \
-                    wv[w] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(            \
-                                              _mm_loadl_epi64((const __m128i *)(row + off[w])))), \
-                                          _mm256_load_ps(sp + 8 * w));                       \
+                    wv[w] = BYTE_QUAD_DECODE_##FMT(row + off[w], sp0 + 8 * w, sp1 + 8 * w);  \
                 QUAD_FMAS(acc, wv, V, a, lda, p);                                            \
             }                                                                                \
         }                                                                                    \
@@ -588,18 +592,20 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
     NM_DEFINE_NIBBLE_QUAD(NAME##_two_, FMT, ST, 2, MASK)                                      \
     NM_DEFINE_NIBBLE_QUAD(NAME##_one_, FMT, ST, 1, MASK)                                      \
     NM_DEFINE_QUAD_WALK(NAME, ST)
-#define NM_DEFINE_Q8_0_QUADS(NAME, ST, WIDEN8)                                               \
-    NM_DEFINE_Q8_0_QUAD(NAME##_two_, ST, WIDEN8, 2)                                           \
-    NM_DEFINE_Q8_0_QUAD(NAME##_one_, ST, WIDEN8, 1)                                           \
+#define NM_DEFINE_BYTE_QUADS(NAME, FMT, ST, WIDEN8)                                          \
+    NM_DEFINE_BYTE_QUAD(NAME##_two_, FMT, ST, WIDEN8, 2)                                      \
+    NM_DEFINE_BYTE_QUAD(NAME##_one_, FMT, ST, WIDEN8, 1)                                      \
     NM_DEFINE_QUAD_WALK(NAME, ST)
-/* binary16 grids (a GGUF file's Q4_0, Q4_1 and Q8_0), then float32 ones (the factored
- * grids of the K types, multiplied out by the frame: Q4_K, Q2_K as q4_1; Q6_K, Q3_K,
- * IQ4_XS as q8_0) */
+/* binary16 grids (a GGUF file's Q4_0, Q4_1, Q8_0 and Q5_1), then float32 ones (the
+ * factored grids of the K types, multiplied out by the frame: Q4_K, Q2_K as q4_1; Q6_K,
+ * Q3_K, IQ4_XS as q8_0; Q5_K as q5_1) */
 NM_DEFINE_NIBBLE_QUADS(gemv4_packed_q4_0_half_signed_avx2, Q4_0, uint16_t, q4_0_high_nibble_mask)
 NM_DEFINE_NIBBLE_QUADS(gemv4_packed_q4_1_half_avx2, Q4_1, uint16_t, low_nibble_mask)
-NM_DEFINE_Q8_0_QUADS(gemv4_packed_q8_0_half_avx2, uint16_t, LOAD8_HALF)
+NM_DEFINE_BYTE_QUADS(gemv4_packed_q8_0_half_avx2, Q8_0, uint16_t, LOAD8_HALF)
+NM_DEFINE_BYTE_QUADS(gemv4_packed_q5_1_half_avx2, Q5_1, uint16_t, LOAD8_HALF)
 NM_DEFINE_NIBBLE_QUADS(gemv4_packed_q4_1_avx2, Q4_1F, float, low_nibble_mask)
-NM_DEFINE_Q8_0_QUADS(gemv4_packed_q8_0_avx2, float, _mm256_loadu_ps)
+NM_DEFINE_BYTE_QUADS(gemv4_packed_q8_0_avx2, Q8_0, float, _mm256_loadu_ps)
+NM_DEFINE_BYTE_QUADS(gemv4_packed_q5_1_avx2, Q5_1, float, _mm256_loadu_ps)
 
 /* Q4_1's packed gemv on a factored grid (nm_gemv_packed_factored_fn: the K types' Q4_K and
  * Q2_K), SL slivers at a time: the staged walk above with each block's scales and offsets
@@ -821,6 +827,8 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     NM_SET_SLOT(row, gemv4_packed_half, NM_FMT_Q8_0, gemv4_packed_q8_0_half_avx2);
     NM_SET_SLOT(row, gemv4_packed, NM_FMT_Q4_1, gemv4_packed_q4_1_avx2);
     NM_SET_SLOT(row, gemv4_packed, NM_FMT_Q8_0, gemv4_packed_q8_0_avx2);
+    NM_SET_SLOT(row, gemv4_packed_half, NM_FMT_Q5_1, gemv4_packed_q5_1_half_avx2);
+    NM_SET_SLOT(row, gemv4_packed, NM_FMT_Q5_1, gemv4_packed_q5_1_avx2);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q4_1, gemv_packed_q4_1_factored_avx2);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q8_0, gemv_packed_q8_0_factored_avx2);
     NM_SET_MATMUL_SLOTS(row, pack, avx2);
