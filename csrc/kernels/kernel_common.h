@@ -736,11 +736,34 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * sliver rows 2r and 2r + 1; whole vectors, then single codes (each byte XOR-ed with
  * CODE_XOR first: Q4_0's packed codes), then zeros up to nr. On packed
  * weights (ldb = NM_PACKED_LDB) a prefetch 32 stored rows down, as in the avx512 row's fused
- * tile: the rows of a sliver are a group's row apart. */
+ * tile: the rows of a sliver are a group's row apart. A whole sliver (nc = nr = NRW, every
+ * call of ukernel_pack by parts) goes to pack_whole_<format>: a fixed count of vectors a row
+ * and restrict pointers, so the block's scales and offsets stay in registers instead of being
+ * reloaded after every store (docs/kernels.md, "The block formats' speed"). */
 #define NM_DEFINE_NIBBLE_PACK(FMT, ISA, VEC, L, NRW, STOREF, NIBBLES, DEQ, DEQ1, CODE_XOR)   \
+    static void pack_whole_##FMT##_##ISA(int64_t kc, const uint8_t *restrict b, int64_t ldb, \
+                                         float *restrict dst, const float *restrict s,       \
+                                         const float *restrict o) {                          \
+        (void)o;                                                                             \
+        for (int64_t r = 0; r < kc / 2; ++r) {                                               \
+            const uint8_t *src = b + r * ldb;                                                \
+            if (ldb == NM_PACKED_LDB(1, NRW)) __builtin_prefetch(src + 32 * ldb);            \
+            float *lo = dst + 2 * r * (NRW), *hi = lo + (NRW);                               \
+            _Pragma("GCC unroll 8") for (int j = 0; j < (NRW); j += (L)) {                   \
+                VEC ql_, qh_;                                                                \
+                NIBBLES(src + j, ql_, qh_);                                                  \
+                STOREF(lo + j, DEQ(ql_, s + j, o + j));                                      \
+                STOREF(hi + j, DEQ(qh_, s + j, o + j));                                      \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
     static void pack_##FMT##_##ISA(int64_t kc, int64_t nc, const uint8_t *b, int64_t ldb,   \
                                    int nr, float *dst, const float *s, const float *o) {    \
         (void)o;                                                                             \
+        if ((NRW) % (L) == 0 && nc == (NRW) && nr == (NRW)) {                                \
+            pack_whole_##FMT##_##ISA(kc, b, ldb, dst, s, o);                                 \
+            return;                                                                          \
+        }                                                                                    \
         for (int64_t j0 = 0; j0 < nc; j0 += nr) {                                            \
             const int64_t w = nc - j0 < nr ? nc - j0 : nr;                                   \
             float *sliver = dst + (j0 / nr) * kc * nr;                                       \
