@@ -211,6 +211,50 @@ def test_pack_must_be_a_bool(pack):
         nmt.from_gguf("no-such-file.gguf", pack=pack)
 
 
+@pytest.mark.parametrize("threads, error", [(0, ValueError), (-2, ValueError),
+                                             ("2", TypeError), (2.5, TypeError),
+                                             (None, TypeError)])
+def test_threads_must_be_a_bool_or_a_count(threads, error):
+    """threads is True, False or a count from 1, refused otherwise, naming the value,
+    before the file is read (it also bounds the threads that convert the tensors)."""
+    with pytest.raises(error, match=repr(threads).replace("'", ".").replace(".5", r"\.5")):
+        nmt.from_gguf("no-such-file.gguf", threads=threads)
+
+
+def test_tensors_convert_on_threads_into_the_same_layers(monkeypatch):
+    """from_gguf converts the file's linear tensors on up to 4 threads at once (threads
+    caps them; threads=1 converts them on the calling thread), and the model it returns is
+    the same to the bit: every buffer (codes, scales, offsets), in the same order."""
+    import threading
+
+    from narrowmm.torch import _gguf
+
+    path = smollm2_path()
+    seen: list[str] = []
+    real = _gguf._linear
+
+    def spy(*args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_gguf, "_linear", spy)
+    try:
+        alone = nmt.from_gguf(path, threads=1)
+        assert set(seen) == {threading.current_thread().name} and len(seen) == 30 * 7
+        seen.clear()
+        threaded = nmt.from_gguf(path, threads=3)
+    finally:
+        nmt.set_num_threads(None)
+    assert len(seen) == 30 * 7 and len(set(seen)) > 1, set(seen)
+    assert all(name.startswith("narrowmm-gguf") for name in seen), set(seen)
+    one, three = alone.state_dict(), threaded.state_dict()
+    assert list(one) == list(three)
+    for name, tensor in one.items():
+        assert tensor.dtype == three[name].dtype and tensor.shape == three[name].shape, name
+        assert tensor.contiguous().numpy().tobytes() == \
+            three[name].contiguous().numpy().tobytes(), name
+
+
 def test_the_query_and_key_rows_are_permuted_as_transformers_does(smollm2):
     """llama.cpp stores q_proj and k_proj with their rows permuted for its rotary code;
     the layer holds them in transformers' order, the same bits row by row."""
@@ -368,9 +412,11 @@ def test_a_layer_whose_bias_or_weight_the_file_lacks_is_refused_by_name(tmp_path
     path = write_llama(tmp_path / "qwen2.gguf", "q8_0", arch="qwen2", hidden=64, layers=1,
                        ffn=128, heads=2, kv_heads=1)
     no_bias = copy_gguf(path, tmp_path / "no-bias.gguf", "blk.0.attn_k.bias")
-    with pytest.raises(ValueError, match=r"layer for 'blk\.0\.attn_k\.weight' has a bias and "
-                                         r"the file holds none"):
-        nmt.from_gguf(no_bias, threads=False)
+    for threads in (1, 3):  # raised on the calling thread, or from a converting one
+        with pytest.raises(ValueError, match=r"layer for 'blk\.0\.attn_k\.weight' has a bias "
+                                             r"and the file holds none"):
+            nmt.from_gguf(no_bias, threads=threads)
+    nmt.set_num_threads(None)
     no_weight = copy_gguf(path, tmp_path / "no-weight.gguf", "blk.0.attn_v.weight")
     with pytest.raises(ValueError, match=r"holds a bias \('blk\.0\.attn_v\.bias'\) but no "
                                          r"weight"):

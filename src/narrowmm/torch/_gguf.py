@@ -4,11 +4,14 @@ holding the file's blocks (:func:`from_gguf`)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
+from .. import _threads
 from .._scales import Scales
 from .._weights import TorchWeights
 from ..checkpoints.gguf import LOADABLE_TYPES, GGUFError, GGUFFile, load_gguf
@@ -181,7 +184,9 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
 
     Progress: a bar over the tensors converted (a large part of a large file's load) on
     stderr, as ``transformers``' own loads show one; ``transformers.utils.logging.
-    disable_progress_bar()`` silences both.
+    disable_progress_bar()`` silences both. The tensors convert on up to 4 threads at once
+    (as many as ``threads`` gives, narrowmm's pool size for ``False``), each tensor's result
+    the same whatever the count.
 
     Memory: the model keeps each linear layer's blocks in the kernels' form (the file's
     bytes for Q8_0, Q4_0 and Q4_1; more for the types converted, see
@@ -195,7 +200,8 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         path: the ``.gguf`` file.
         batch_invariant: also replace the model's other ops (attention, RMSNorm, SiLU,
             rotary), as :func:`narrowmm.torch.convert` does.
-        threads: as :func:`narrowmm.torch.convert`.
+        threads: as :func:`narrowmm.torch.convert` (True, False or a count from 1); it
+            also bounds the threads that convert the tensors.
         pack: store every layer in the CPU's packed layout (True, the default) or
             row-major (False). The same bits either way; docs/decoder.md ("Packed or
             row-major block weights") has the measurements behind the default.
@@ -209,10 +215,18 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
             ``transformers`` reshapes rather than reorders (GPT-2's, transposed), or whose
             tensors it loads under other names.
         TypeError: ``pack`` is not a bool (``None`` chose a per-layer rule before
-        2026-12-03; every layer is packed now).
+        2026-12-03; every layer is packed now), or ``threads`` neither a bool nor an int;
+        ValueError: a thread count below 1 (or past narrowmm's limit).
     """
     if not isinstance(pack, (bool, np.bool_)):
         raise TypeError(f"from_gguf: pack must be True or False, got {pack!r}")
+    if isinstance(threads, np.bool_):
+        threads = bool(threads)
+    if not isinstance(threads, (bool, int)):
+        raise TypeError(f"from_gguf: threads must be True, False or a thread count, got "
+                        f"{threads!r}")
+    if not isinstance(threads, bool):
+        threads = _threads._parse_count(threads, "from_gguf: threads")
     transformers, gguf_utils = _transformers()
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
@@ -241,15 +255,19 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         else:
             value = _float_tensor(f, gguf_name, processor, tuple(getattr(module, param).shape))
             setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
-    # the conversions (about 2.5 s of the 1B-shaped Q4_0 file's 8-s load on a Zen 3, most of
-    # the rest transformers' configuration parsing): a bar as transformers' own loads show,
-    # and silenced by the same switch (transformers.utils.logging.disable_progress_bar)
+    # the conversions (about 2 s of the 1B-shaped Q4_0 file's load on a Zen 3, most of the
+    # rest importing transformers' model code): on worker threads (_in_order), with a bar
+    # as transformers' own loads show, silenced by the same switch
+    # (transformers.utils.logging.disable_progress_bar)
     tensors = len(linears) + len(embeddings)
     with transformers.utils.logging.tqdm(total=tensors, unit="tensor", leave=False,
                                          desc=f"narrowmm: {name}'s blocks") as bar:
-        for module_name, names in linears.items():
-            _replace(model, module_name,
-                     _linear(f, names, modules[module_name], processor, path, arch, pack))
+        def convert(module_name: str) -> Linear:
+            return _linear(f, linears[module_name], modules[module_name], processor, path,
+                           arch, pack)
+
+        for module_name, layer in _in_order(convert, list(linears), _converters(threads)):
+            _replace(model, module_name, layer)
             bar.update(1)
         lm_head = getattr(model, "lm_head", None)
         if isinstance(lm_head, torch.nn.Linear):  # tied to the embedding: its narrow blocks
@@ -280,6 +298,44 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     if threads is not False:
         set_num_threads(None if threads is True else threads)
     return model
+
+
+# At most this many tensors convert at once: each holds its converted blocks twice while it
+# is packed, so the load's peak grows with the count (docs/decoder.md has the figures).
+_MOST_CONVERTERS = 4
+
+
+def _converters(threads: bool | int) -> int:
+    """How many threads convert the file's tensors: the count ``from_gguf`` was asked for
+    (``True``: every CPU this process may use; ``False``: narrowmm's pool as it is), at most
+    ``_MOST_CONVERTERS``."""
+    if threads is True:
+        count = _threads.available_cpus()
+    elif threads is False:
+        count = _threads.get_num_threads()
+    else:
+        count = threads
+    return max(1, min(_MOST_CONVERTERS, count))
+
+
+def _in_order(fn: Callable[[str], Any], keys: list[str],
+              workers: int) -> Iterator[tuple[str, Any]]:
+    """``(key, fn(key))`` for each key in order, ``workers`` calls running at once on
+    threads (the conversions spend their time in NumPy and narrowmm's C, which release the
+    GIL). The first failure is raised as it is, in key order; the calls not started then are
+    cancelled, the running ones finish first."""
+    if workers <= 1 or len(keys) <= 1:
+        for key in keys:
+            yield key, fn(key)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="narrowmm-gguf") as pool:
+        futures = [pool.submit(fn, key) for key in keys]
+        try:
+            for key, future in zip(keys, futures, strict=True):
+                yield key, future.result()
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 def _replace(model: torch.nn.Module, module_name: str, module: torch.nn.Module) -> None:
