@@ -416,7 +416,6 @@ def test_a_layer_whose_bias_or_weight_the_file_lacks_is_refused_by_name(tmp_path
         with pytest.raises(ValueError, match=r"layer for 'blk\.0\.attn_k\.weight' has a bias "
                                              r"and the file holds none"):
             nmt.from_gguf(no_bias, threads=threads)
-    nmt.set_num_threads(None)
     no_weight = copy_gguf(path, tmp_path / "no-weight.gguf", "blk.0.attn_v.weight")
     with pytest.raises(ValueError, match=r"holds a bias \('blk\.0\.attn_v\.bias'\) but no "
                                          r"weight"):

@@ -301,7 +301,7 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
 
 
 # At most this many tensors convert at once: each holds its converted blocks twice while it
-# is packed, so the load's peak grows with the count (docs/decoder.md has the figures).
+# is packed, so the load's peak grows with the count (README, from_gguf's memory figures).
 _MOST_CONVERTERS = 4
 
 
