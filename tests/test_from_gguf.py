@@ -422,6 +422,16 @@ def test_a_layer_whose_bias_or_weight_the_file_lacks_is_refused_by_name(tmp_path
         nmt.from_gguf(no_weight, threads=False)
 
 
+def test_a_file_without_an_output_layer_or_an_embedding_is_refused(tmp_path):
+    """A file with neither output.weight nor token_embd.weight leaves the output layer
+    nothing to be: a ValueError saying so, before any tensor is converted."""
+    path = write_llama(tmp_path / "tied.gguf", "q8_0", hidden=64, layers=1, ffn=128, heads=2,
+                       kv_heads=1)
+    bare = copy_gguf(path, tmp_path / "bare.gguf", "token_embd.weight")
+    with pytest.raises(ValueError, match="no output layer and no tied embedding"):
+        nmt.from_gguf(bare, threads=1)
+
+
 def test_the_configuration_is_the_one_transformers_reads_from_the_file(tmp_path):
     """from_gguf reads a Llama, Qwen2 or Qwen3 file's configuration from narrowmm's own parse
     of its metadata (transformers' reader took 3.6-4 s of SmolLM2's load): every field of it

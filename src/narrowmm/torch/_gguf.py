@@ -255,6 +255,14 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
         else:
             value = _float_tensor(f, gguf_name, processor, tuple(getattr(module, param).shape))
             setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
+    # an output layer the file has no tensor for is tied to the embedding: its narrow blocks,
+    # converted with the linear layers' tensors
+    embedding = None
+    if isinstance(getattr(model, "lm_head", None), torch.nn.Linear) and "lm_head" not in linears:
+        embedding = next((g for g, h in hf_names.items()
+                          if h.endswith("embed_tokens.weight") and g in f.info), None)
+        if embedding is None or not getattr(config, "tie_word_embeddings", False):
+            raise ValueError(f"{path}: no output layer and no tied embedding to use for it")
     # the conversions (about 2 s of the 1B-shaped Q4_0 file's load on a Zen 3, most of the
     # rest importing transformers' model code): on worker threads (_in_order), with a bar
     # as transformers' own loads show, silenced by the same switch
@@ -263,20 +271,19 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     with transformers.utils.logging.tqdm(total=tensors, unit="tensor", leave=False,
                                          desc=f"narrowmm: {name}'s blocks") as bar:
         def convert(module_name: str) -> Linear:
+            if module_name not in linears:  # the tied output layer
+                return Linear.from_weights(f[embedding], pack=pack)
             return _linear(f, linears[module_name], modules[module_name], processor, path,
                            arch, pack)
 
-        for module_name, layer in _in_order(convert, list(linears), _converters(threads)):
+        # the tied output layer first: the largest tensor, converted beside the others
+        # rather than alone after them
+        jobs = (["lm_head"] if embedding is not None else []) + list(linears)
+        for module_name, layer in _in_order(convert, jobs, _converters(threads)):
             _replace(model, module_name, layer)
-            bar.update(1)
-        lm_head = getattr(model, "lm_head", None)
-        if isinstance(lm_head, torch.nn.Linear):  # tied to the embedding: its narrow blocks
-            embedding = next((g for g, h in hf_names.items()
-                              if h.endswith("embed_tokens.weight") and g in f.info), None)
-            if embedding is None or not getattr(config, "tie_word_embeddings", False):
-                raise ValueError(f"{path}: no output layer and no tied embedding to use for it")
-            tied = f[embedding]
-            model.lm_head = Linear.from_weights(tied, pack=pack)
+            if module_name in linears:
+                bar.update(1)
+        if embedding is not None:
             for module_name, gguf_name in list(embeddings.items()):
                 if gguf_name == embedding and not (model.lm_head.format.scaled
                                                    and model.lm_head.format.scale_exponent):
