@@ -424,7 +424,7 @@ def test_a_layer_whose_bias_or_weight_the_file_lacks_is_refused_by_name(tmp_path
 
 def test_a_file_without_an_output_layer_or_an_embedding_is_refused(tmp_path):
     """A file with neither output.weight nor token_embd.weight leaves the output layer
-    nothing to be: a ValueError saying so, before any tensor is converted."""
+    nothing to be: a ValueError saying so, before the layers' blocks are converted."""
     path = write_llama(tmp_path / "tied.gguf", "q8_0", hidden=64, layers=1, ffn=128, heads=2,
                        kv_heads=1)
     bare = copy_gguf(path, tmp_path / "bare.gguf", "token_embd.weight")
