@@ -238,6 +238,34 @@ def test_silu_matches_oracle_and_specials(rng, isa):
         ops.silu(x[:8].astype(np.float16))
 
 
+def test_silu_splits_a_row_across_threads_with_the_same_bits(rng):
+    """SiLU's threads take runs of elements, not whole rows, so a decode step's single row
+    is split too: every row and thread count gives the oracle's bits, a run's start and the
+    short runs at a row's end included, in place as well."""
+    from narrowmm.providers.native import core
+
+    before = nm.get_num_threads()
+    shapes = [(1, 1), (1, 31), (1, 33), (1, 65), (1, 1536), (2, 70), (3, 1), (5, 4097)]
+    try:
+        for isa in ISAS:
+            with use_isa(isa):
+                for rows, n in shapes:
+                    x = (rng.standard_normal((rows, n)) * 6).astype(F32)
+                    want = silu_oracle(x)
+                    for threads in (1, 2, 3, 5):
+                        nm.set_num_threads(threads)
+                        jobs = core().parallel_jobs()
+                        assert_same_bits(ops.silu(x), want)
+                        # split whenever there are two runs of 32 or more and two threads
+                        split = threads > 1 and rows * -(-n // 32) > 1
+                        assert core().parallel_jobs() == jobs + split, (rows, n, threads)
+                        y = x.copy()
+                        assert ops.silu(y, out=y) is y
+                        assert_same_bits(y, want)
+    finally:
+        nm.set_num_threads(before)
+
+
 def test_exp_is_correctly_rounded_on_a_sweep():
     """nm_exp_d rounded to float32 against the C library's double exp rounded to float32,
     over the range softmax and SiLU use: no difference on 200,000 inputs; and the C code

@@ -1,7 +1,8 @@
 /* narrowmm: the row-wise model ops with one fixed order of operations per element or row,
  * so a row's result never depends on the other rows, the thread count or the ISA row.
  * Plain C compiled once with contraction off (no intrinsics): every build computes the same
- * IEEE operations in the same order. Threads take whole rows. */
+ * IEEE operations in the same order. Threads take whole rows of a norm, and SiLU's elements
+ * in runs (each element is its own chain). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -32,8 +33,27 @@ static void rms_norm_row(int64_t n, const float *x, float eps, float *y) {
     for (int64_t p = 0; p < n; ++p) y[p] = x[p] * r;
 }
 
+/* SiLU's part `part` of `parts`: a run of the elements in row order, cut at multiples of
+ * NM_SILU_RUN so that a part's vectors start where they would on one thread. */
+#define NM_SILU_RUN 32
+static void silu_part(const rows_job *job, int part, int parts) {
+    const int64_t runs = (job->n + NM_SILU_RUN - 1) / NM_SILU_RUN; /* a row's */
+    const int64_t e0 = job->rows * runs * part / parts * NM_SILU_RUN;
+    const int64_t e1 = job->rows * runs * (part + 1) / parts * NM_SILU_RUN;
+    const int64_t stride = runs * NM_SILU_RUN; /* a row's runs, the last one perhaps short */
+    for (int64_t i = e0 / stride; i < job->rows && i * stride < e1; ++i) {
+        const int64_t p0 = e0 > i * stride ? e0 - i * stride : 0;
+        const int64_t p1 = e1 - i * stride < job->n ? e1 - i * stride : job->n;
+        if (p1 > p0) job->row->silu(p1 - p0, job->x + i * job->ldx + p0, job->out + i * job->ldo + p0);
+    }
+}
+
 static void rows_part(void *ctx, int part, int parts) {
     const rows_job *job = ctx;
+    if (job->op == 1) {
+        silu_part(job, part, parts);
+        return;
+    }
     const int64_t r0 = job->rows * part / parts, r1 = job->rows * (part + 1) / parts;
     for (int64_t i = r0; i < r1; ++i) {
         const float *x = job->x + i * job->ldx;
@@ -56,7 +76,10 @@ static int rows_run(rows_job *job, double cost_per_element) {
     int parts = 1;
     if (nm_worth_waking(cost_per_element * (double)job->rows * (double)job->n)) {
         const int threads = nm_get_num_threads();
-        parts = job->rows < threads ? (int)job->rows : threads;
+        /* a norm's rows; SiLU's runs of elements (a decode step's one row too) */
+        const int64_t pieces =
+            job->op == 1 ? job->rows * ((job->n + NM_SILU_RUN - 1) / NM_SILU_RUN) : job->rows;
+        parts = pieces < threads ? (int)pieces : threads;
     }
     nm_parallel_run(rows_part, job, parts);
     return NM_OK;
