@@ -90,6 +90,61 @@ def test_threads_do_not_change_a_bit(model):
     assert torch.equal(runs[0], runs[1])
 
 
+def test_a_step_holds_the_pools_workers_awake_through_its_small_layers(model):
+    """On narrowmm's own pool, a call too small to pay for waking sleeping workers runs on
+    the calling thread alone. At batch 1 every job of a step is that small, so a step used to
+    run on one thread however many there were; the step as a whole pays, so it wakes the
+    workers and holds them awake through its jobs, then lets go of them."""
+    import time
+
+    import narrowmm as nm
+
+    c = core()
+    before = c.get_wake_min_work(), nm.get_num_threads()
+    layers = CONFIG.num_hidden_layers
+    hidden, inter = CONFIG.hidden_size, CONFIG.intermediate_size
+    head_dim = hidden // CONFIG.num_attention_heads
+    kvd = CONFIG.num_key_value_heads * head_dim
+    # the step's jobs in the frame's units (a gemv's weight counts 4): q, k and v as one,
+    # o, gate and up as one, down; the output layer
+    jobs = [4 * hidden * (hidden + 2 * kvd), 4 * hidden * hidden, 4 * hidden * 2 * inter,
+            4 * inter * hidden, 4 * hidden * CONFIG.vocab_size]
+    dec = nmt.Decoder(model)
+    try:
+        c.set_omp_team(0)
+        nm.set_num_threads(1)
+        dec.reset(1, 3)
+        want = [dec.step([[t]], [[i]], [0]) for i, t in enumerate((5, 17, 3))]
+        nm.set_num_threads(2)
+        split = []  # jobs split a step: with every call split (the suite's setting), then
+        for work in (0, max(jobs) + 1):  # with no job paying on its own, the step paying
+            c.set_wake_min_work(work)
+            dec.reset(1, 3)
+            for i, t in enumerate((5, 17, 3)):
+                time.sleep(0.05)  # far past the workers' 50 us spin: they sleep
+                count = c.parallel_jobs()
+                got = dec.step([[t]], [[i]], [0])
+                split.append(c.parallel_jobs() - count)
+                assert torch.equal(got, want[i]), (work, i)
+        assert split[0] >= 3 * layers + 1 and split == split[:1] * 6, split
+        # let go of after the step: a small call leaves the sleeping workers asleep
+        time.sleep(0.05)
+        count = c.parallel_jobs()
+        x = torch.ones(1, hidden)
+        model.model.layers[0].self_attn.q_proj(x)
+        assert c.parallel_jobs() == count
+        # and a step that does not pay for waking them runs on the calling thread
+        c.set_wake_min_work(sum(jobs) * layers + 1)
+        dec.reset(1, 1)
+        time.sleep(0.05)
+        count = c.parallel_jobs()
+        assert torch.equal(dec.step([[5]], [[0]], [0]), want[0])
+        assert c.parallel_jobs() == count
+    finally:
+        c.set_wake_min_work(before[0])
+        nm.set_num_threads(before[1])
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_isa_row_gives_the_same_bits(isa):
     want = decoder_prompt_logits(nmt.Decoder(invariant()), PROMPTS[:3])

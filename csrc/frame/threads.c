@@ -25,6 +25,7 @@ void nm_parallel_run(nm_task_fn fn, void *ctx, int parts) {
 void nm_set_num_threads(int n) { (void)n; }
 int nm_get_num_threads(void) { return atomic_load(&num_threads); }
 int nm_pool_awake(void) { return 0; }
+void nm_pool_hold(int on) { (void)on; }
 void nm_set_spin_ns(int64_t ns) { (void)ns; }
 int64_t nm_get_spin_ns(void) { return 0; }
 long nm_parallel_jobs(void) { return 0; }
@@ -73,11 +74,12 @@ typedef struct pool_state {
     atomic_int remaining;
     atomic_int spinning;     /* workers in their spin window: a job now wakes no one */
     atomic_long parallel_jobs; /* jobs run in more than one part, for tests and info */
+    atomic_int held;         /* nm_pool_hold's count: workers spin, calls see them awake */
 } pool_state;
 
 static pool_state pool = {
     PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-    PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0,
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0,
 };
 static atomic_int num_threads = 1;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -138,7 +140,9 @@ static void *worker_main(void *arg) {
             pthread_mutex_unlock(&pool.lock);
             atomic_fetch_add(&pool.spinning, 1);
             const int64_t until = now_ns() + atomic_load(&worker_spin_ns);
-            while (atomic_load(&pool.generation) == seen && keep_spinning(until)) continue;
+            while (atomic_load(&pool.generation) == seen &&
+                   (keep_spinning(until) || atomic_load(&pool.held) > 0))
+                continue;
             atomic_fetch_sub(&pool.spinning, 1);
             pthread_mutex_lock(&pool.lock);
         }
@@ -155,7 +159,7 @@ static void reset_in_child(void) {
     atomic_store(&omp_team, NULL);
     pool_state fresh = {
         PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-        PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0,
+        PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0,
     };
     memcpy(&pool, &fresh, sizeof pool);
 }
@@ -224,7 +228,33 @@ int nm_get_num_threads(void) { return atomic_load(&num_threads); }
 
 /* An OpenMP team counts as awake: the framework's own ops keep it spinning between layers
  * (libgomp spins for milliseconds after each region). */
-int nm_pool_awake(void) { return atomic_load(&pool.spinning) > 0 || nm_omp_team(); }
+int nm_pool_awake(void) {
+    return atomic_load(&pool.spinning) > 0 || atomic_load(&pool.held) > 0 || nm_omp_team();
+}
+
+/* Waking: a job of no parts, posted as any job is (so a worker that sleeps, or is started
+ * now, runs it and goes on to spin); skipped if another caller's job is running, whose
+ * workers are awake. The caller does not wait for them. */
+void nm_pool_hold(int on) {
+    if (!on) {
+        atomic_fetch_sub(&pool.held, 1);
+        return;
+    }
+    atomic_fetch_add(&pool.held, 1);
+    const int helpers = nm_get_num_threads() - 1;
+    if (helpers < 1 || nm_omp_team() || pthread_mutex_trylock(&pool.submit) != 0) return;
+    pthread_once(&atfork_once, install_atfork);
+    pthread_mutex_lock(&pool.lock);
+    ensure_workers(helpers);
+    pool.fn = NULL;
+    pool.ctx = NULL;
+    pool.parts = pool.next = 0;
+    atomic_store(&pool.remaining, 0);
+    atomic_fetch_add(&pool.generation, 1);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&pool.submit);
+}
 
 long nm_parallel_jobs(void) { return atomic_load(&pool.parallel_jobs); }
 #endif

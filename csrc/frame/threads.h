@@ -23,8 +23,15 @@ int nm_get_num_threads(void);
 void nm_set_spin_ns(int64_t ns);
 int64_t nm_get_spin_ns(void);
 
-/* Whether a worker is spinning after its last job (waking it costs nothing now). */
+/* Whether a worker is spinning after its last job (waking it costs nothing now), or the
+ * pool is held awake (nm_pool_hold). */
 int nm_pool_awake(void);
+
+/* Hold the pool awake through a run of calls each too small to pay for waking it, but
+ * worth it together (a decode step's dozens of small layers): nm_pool_hold(1) wakes the
+ * sleeping workers without waiting for them, and until the matching nm_pool_hold(0) they
+ * spin instead of sleeping and every call counts the pool as awake. Holds nest. */
+void nm_pool_hold(int on);
 
 /* Whether a job of this cost (multiply-adds of time) should be split across threads: it
  * pays for waking sleeping workers, or they are awake (frame/matmul.c keeps the rule; the

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "../codecs/codec_scalar.h"
+#include "../frame/threads.h"
 #include "../include/narrowmm.h"
 
 /* Where a step's time goes, when the caller asks (spent != NULL): seconds per part added to
@@ -258,6 +259,24 @@ static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_ca
     return NM_OK;
 }
 
+/* The step's linear layers' work in the frame's units (multiply-adds of time, a weight of a
+ * gemv counting NM_STEP_GEMV_WEIGHT_COST, frame/matmul.c's rule). At batch 1 each layer is
+ * too small to pay for waking sleeping workers on its own, so they would stay asleep and
+ * the step would run on one thread; the step as a whole pays for it (nm_pool_hold). */
+#define NM_STEP_GEMV_WEIGHT_COST 4.0
+static double step_cost(const nm_llama *md, int64_t rows, int64_t batch) {
+    double weights = 0.0;
+    for (int64_t li = 0; li < md->layers; ++li) {
+        const nm_llama_layer *L = &md->layer[li];
+        const nm_linear *all[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 7; ++i) weights += (double)all[i]->n * (double)all[i]->k;
+    }
+    const double per_weight = rows <= 2 ? NM_STEP_GEMV_WEIGHT_COST : (double)rows;
+    const double head = (double)md->lm_head.n * (double)md->lm_head.k *
+                        (batch <= 2 ? NM_STEP_GEMV_WEIGHT_COST : (double)batch);
+    return weights * per_weight + head;
+}
+
 int nm_llama_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache *cache,
                   int64_t batch, int64_t t, const int64_t *tokens, const int64_t *positions,
                   const int64_t *start, float *logits, double *spent) {
@@ -278,6 +297,9 @@ int nm_llama_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache 
     step_buffers sb;
     void *base = alloc_buffers(md, batch, t, masked ? keys : 0, &sb);
     if (!base) return NM_ENOMEM;
+    /* workers held awake through the step when it is worth waking them for */
+    const int hold = nm_get_num_threads() > 1 && nm_worth_waking(step_cost(md, rows, batch));
+    if (hold) nm_pool_hold(1);
     if (masked) build_mask(batch, t, cache->length, keys, start, sb.mask);
     for (int64_t r = 0; r < rows; ++r) {
         if (md->embed)
@@ -304,6 +326,7 @@ int nm_llama_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache 
                                             md->vocab);
         clock_mark(&pc, NM_LLAMA_PART_OUTPUT);
     }
+    if (hold) nm_pool_hold(0);
     if (st == NM_OK) cache->length += t;
     free(base);
     clock_mark(&pc, NM_LLAMA_PART_OTHER);
