@@ -44,7 +44,8 @@ static void silu_part(const rows_job *job, int part, int parts) {
     for (int64_t i = e0 / stride; i < job->rows && i * stride < e1; ++i) {
         const int64_t p0 = e0 > i * stride ? e0 - i * stride : 0;
         const int64_t p1 = e1 - i * stride < job->n ? e1 - i * stride : job->n;
-        if (p1 > p0) job->row->silu(p1 - p0, job->x + i * job->ldx + p0, job->out + i * job->ldo + p0);
+        if (p1 > p0)
+            job->row->silu(p1 - p0, job->x + i * job->ldx + p0, job->out + i * job->ldo + p0);
     }
 }
 
