@@ -127,7 +127,7 @@ def test_a_step_holds_the_pools_workers_awake_through_its_small_layers(model):
                 split.append(c.parallel_jobs() - count)
                 assert torch.equal(got, want[i]), (work, i)
         assert split[0] >= 3 * layers + 1 and split == split[:1] * 6, split
-        # let go of after the step: a small call leaves the sleeping workers asleep
+        # let go after the step: a small call leaves the sleeping workers asleep
         time.sleep(0.05)
         count = c.parallel_jobs()
         x = torch.ones(1, hidden)
