@@ -783,9 +783,12 @@ int nm_worth_waking(double cost) {
     return cost >= (double)atomic_load(&wake_min_work) || nm_pool_awake();
 }
 
+double nm_matmul_cost(int64_t m, int64_t n, int64_t k) {
+    return (m <= 2 ? (double)NM_GEMV_WEIGHT_COST : (double)m) * (double)n * (double)k;
+}
+
 static int worth_waking(int64_t m, int64_t n, int64_t k) {
-    return nm_worth_waking(m <= 2 ? (double)NM_GEMV_WEIGHT_COST * (double)n * (double)k
-                                  : (double)m * (double)n * (double)k);
+    return nm_worth_waking(nm_matmul_cost(m, n, k));
 }
 
 /* The bytes one group of a group-major factored grid takes: its factors (ld floats a
@@ -928,7 +931,7 @@ int nm_linear_run_many(const nm_isa_kernels *isa, int count, const nm_linear *co
         if (st != NM_OK) return st;
         const int64_t grain = job_grain(&mj.jobs[i]);
         mj.grains[i + 1] = mj.grains[i] + (L->n + grain - 1) / grain;
-        cost += (double)(m <= 2 ? NM_GEMV_WEIGHT_COST : m) * (double)L->n * (double)L->k;
+        cost += nm_matmul_cost(m, L->n, L->k);
     }
     if (m == 0) return NM_OK;
     int parts = 1;

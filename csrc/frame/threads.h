@@ -38,6 +38,10 @@ void nm_pool_hold(int on);
  * model ops in ops/ follow it too). Where a part runs never changes a bit. */
 int nm_worth_waking(double cost);
 
+/* The cost of an m x k by k x n product in those units: m multiply-adds a weight, or
+ * NM_GEMV_WEIGHT_COST for m <= 2, whose gemvs stream the weights (frame/matmul.c). */
+double nm_matmul_cost(int64_t m, int64_t n, int64_t k);
+
 /* Run jobs on another OpenMP team instead of the pool: `gomp_parallel` is the address of
  * GOMP_parallel in the libgomp a framework already runs its ops on (narrowmm.torch passes
  * PyTorch's), NULL to return to the pool. Two teams of spinning threads on the same cores

@@ -259,22 +259,18 @@ static int layer_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_ca
     return NM_OK;
 }
 
-/* The step's linear layers' work in the frame's units (multiply-adds of time, a weight of a
- * gemv counting NM_STEP_GEMV_WEIGHT_COST, frame/matmul.c's rule). At batch 1 each layer is
- * too small to pay for waking sleeping workers on its own, so they would stay asleep and
- * the step would run on one thread; the step as a whole pays for it (nm_pool_hold). */
-#define NM_STEP_GEMV_WEIGHT_COST 4.0
+/* The step's linear layers' work in the frame's units (nm_matmul_cost). At batch 1 each
+ * layer is too small to pay for waking sleeping workers on its own, so they would stay
+ * asleep and the step would run on one thread; the step as a whole pays for it
+ * (nm_pool_hold). */
 static double step_cost(const nm_llama *md, int64_t rows, int64_t batch) {
-    double weights = 0.0;
+    double cost = nm_matmul_cost(batch, md->lm_head.n, md->lm_head.k);
     for (int64_t li = 0; li < md->layers; ++li) {
         const nm_llama_layer *L = &md->layer[li];
         const nm_linear *all[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-        for (int i = 0; i < 7; ++i) weights += (double)all[i]->n * (double)all[i]->k;
+        for (int i = 0; i < 7; ++i) cost += nm_matmul_cost(rows, all[i]->n, all[i]->k);
     }
-    const double per_weight = rows <= 2 ? NM_STEP_GEMV_WEIGHT_COST : (double)rows;
-    const double head = (double)md->lm_head.n * (double)md->lm_head.k *
-                        (batch <= 2 ? NM_STEP_GEMV_WEIGHT_COST : (double)batch);
-    return weights * per_weight + head;
+    return cost;
 }
 
 int nm_llama_step(const nm_isa_kernels *row, const nm_llama *md, nm_llama_cache *cache,
