@@ -36,8 +36,10 @@ static void rms_norm_row(int64_t n, const float *x, float eps, float *y) {
 /* SiLU's part `part` of `parts`: a run of the elements in row order, cut at multiples of
  * NM_SILU_RUN so that a part's vectors start where they would on one thread. */
 #define NM_SILU_RUN 32
+static int64_t silu_runs(int64_t n) { return (n + NM_SILU_RUN - 1) / NM_SILU_RUN; }
+
 static void silu_part(const rows_job *job, int part, int parts) {
-    const int64_t runs = (job->n + NM_SILU_RUN - 1) / NM_SILU_RUN; /* a row's */
+    const int64_t runs = silu_runs(job->n); /* a row's */
     const int64_t e0 = job->rows * runs * part / parts * NM_SILU_RUN;
     const int64_t e1 = job->rows * runs * (part + 1) / parts * NM_SILU_RUN;
     const int64_t stride = runs * NM_SILU_RUN; /* a row's runs, the last one perhaps short */
@@ -78,8 +80,7 @@ static int rows_run(rows_job *job, double cost_per_element) {
     if (nm_worth_waking(cost_per_element * (double)job->rows * (double)job->n)) {
         const int threads = nm_get_num_threads();
         /* a norm's rows; SiLU's runs of elements (a decode step's one row too) */
-        const int64_t pieces =
-            job->op == 1 ? job->rows * ((job->n + NM_SILU_RUN - 1) / NM_SILU_RUN) : job->rows;
+        const int64_t pieces = job->op == 1 ? job->rows * silu_runs(job->n) : job->rows;
         parts = pieces < threads ? (int)pieces : threads;
     }
     nm_parallel_run(rows_part, job, parts);
