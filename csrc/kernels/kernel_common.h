@@ -829,6 +829,121 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
     NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1, \
                           0)
 
+/* m == 1 on packed weights under a factored grid (nm_gemv_packed_factored_fn: the K types'
+ * q4_1 form, Q4_K and Q2_K, and their q8_0 form, Q6_K, Q3_K and IQ4_XS), G slivers at a
+ * time, then one: the packed walks above, with each block's scales (and offsets) made just
+ * before its rows from the block's int8 codes cs (co) and its super-block's float32
+ * factors fs (fo). FACTORED(dst, cp, fp) stores the L products fp[x] * (float)cp[x] at dst
+ * (64-byte aligned): the frame's widen_factored's products, so the same scales and the same
+ * bits. They land in a small array on the stack that DEQ (nibbles) or SCV (bytes) reads as it
+ * reads a float32 grid, so the frame makes no pass of its own over the grid and the walk goes
+ * through all of k in one call. Block q + 1's codes are ld after block q's; a super-block's
+ * factors are ld after the one before, every per_super blocks (never stepped past the last,
+ * not even as an unread pointer). The last sliver, narrower than NRW, runs on a zero-padded
+ * copy of its C (the padding columns' codes and factors are the grid's, read, their results
+ * dropped). */
+#define NM_FACTORED_STAGE_(W_, L, FACTORED, dst, cs, fs)                                     \
+    _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (W_); ++i_)                               \
+        FACTORED(dst + i_ * (L), cs + i_ * (L), fs + i_ * (L))
+#define NM_FACTORED_NEXT_(done, cs, co, fs, fo, ld, left_, per_super)                        \
+    if (done) break;                                                                         \
+    cs += ld, co = co ? co + ld : co;                                                        \
+    if (--left_ == 0) fs += ld, fo = fo ? fo + ld : fo, left_ = per_super
+#define NM_FACTORED_SIGNATURE_(NAME)                                                         \
+    void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, const uint8_t *b, float *c, \
+              const int8_t *cs, const int8_t *co, const float *fs, const float *fo,           \
+              int64_t bk, int64_t ld, int64_t per_super)
+/* the q4_1 form: NIBBLES and DEQ as in NM_NIBBLE_SLIVERS_ (DEQ on float32 scales) */
+#define NM_FACTORED_NIBBLE_SLIVERS_(NAME, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES,  \
+                                    DEQ, FACTORED)                                           \
+    static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
+        enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
+        const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
+        VEC acc_[W_];                                                                        \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) acc_[i_] = LOADC(c + i_ * (L)); \
+        for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
+            _Alignas(64) float sc_[W_ * (L)], of_[W_ * (L)];                                 \
+            NM_FACTORED_STAGE_(W_, L, FACTORED, sc_, cs, fs);                                \
+            NM_FACTORED_STAGE_(W_, L, FACTORED, of_, co, fo); /* q4_1 has offsets */         \
+            for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
+                const uint8_t *row_ = b + r * ldb;                                           \
+                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
+                const VEC al_ = SET1(a[2 * r]), ah_ = SET1(a[2 * r + 1]);                    \
+                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
+                    VEC lo_, hi_;                                                            \
+                    NIBBLES(row_ + w_ / V_ * slb + (w_ % V_) * (L), lo_, hi_);               \
+                    const VEC wl_ = DEQ(lo_, sc_ + w_ * (L), of_ + w_ * (L));                \
+                    const VEC wh_ = DEQ(hi_, sc_ + w_ * (L), of_ + w_ * (L));                \
+                    acc_[w_] = FMA(acc_[w_], al_, wl_);                                      \
+                    acc_[w_] = FMA(acc_[w_], ah_, wh_);                                      \
+                }                                                                            \
+            }                                                                                \
+            NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
+        }                                                                                    \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) STOREC(c + i_ * (L), acc_[i_]); \
+    }
+/* the q8_0 form: LOADW and SCV as in NM_GEMV_PACKED_SLIVERS_ (no offsets) */
+#define NM_FACTORED_BYTE_SLIVERS_(NAME, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, LOADW, SCV, \
+                                  FACTORED)                                                  \
+    static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
+        enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
+        const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \
+        VEC acc_[W_];                                                                        \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) acc_[i_] = LOADC(c + i_ * (L)); \
+        for (int64_t p0_ = 0, left_ = per_super; p0_ < k; p0_ += block_) {                   \
+            _Alignas(64) float sc_[W_ * (L)];                                                \
+            NM_FACTORED_STAGE_(W_, L, FACTORED, sc_, cs, fs);                                \
+            for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
+                const uint8_t *row_ = b + p * ldb;                                           \
+                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
+                const VEC ap_ = SET1(a[p]);                                                  \
+                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
+                    const VEC wv_ =                                                          \
+                        SCV(LOADW(row_ + w_ / V_ * slb + (w_ % V_) * (L)), sc_ + w_ * (L), NULL); \
+                    acc_[w_] = FMA(acc_[w_], ap_, wv_);                                      \
+                }                                                                            \
+            }                                                                                \
+            NM_FACTORED_NEXT_(p0_ + block_ >= k, cs, co, fs, fo, ld, left_, per_super);      \
+        }                                                                                    \
+        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) STOREC(c + i_ * (L), acc_[i_]); \
+    }
+/* The walk over n columns inside one group, from NAME##_group_ (G slivers) and NAME##_one_:
+ * G slivers at a time, then one, then the padded tail. */
+#define NM_DEFINE_FACTORED_WALK(NAME, G, NRW)                                                \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
+                     const uint8_t *b, float *c, const int8_t *cs, const int8_t *co,         \
+                     const float *fs, const float *fo, int64_t bk, int64_t ld,               \
+                     int64_t per_super) {                                                    \
+        int64_t j = 0;                                                                       \
+        for (; j + (G) * (NRW) <= n; j += (G) * (NRW))                                       \
+            NAME##_group_(k, ldb, slb, a, b + j / (NRW) * slb, c + j, cs + j, co ? co + j : NULL, \
+                          fs + j, fo ? fo + j : NULL, bk, ld, per_super);                    \
+        for (; j + (NRW) <= n; j += (NRW))                                                   \
+            NAME##_one_(k, ldb, slb, a, b + j / (NRW) * slb, c + j, cs + j, co ? co + j : NULL, \
+                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
+        if (j < n) {                                                                         \
+            _Alignas(64) float tail[NRW] = {0};                                              \
+            memcpy(tail, c + j, (size_t)(n - j) * sizeof(float));                           \
+            NAME##_one_(k, ldb, slb, a, b + j / (NRW) * slb, tail, cs + j, co ? co + j : NULL, \
+                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
+            memcpy(c + j, tail, (size_t)(n - j) * sizeof(float));                           \
+        }                                                                                    \
+    }
+/* Both forms' walks for a row, gemv_packed_q4_1_factored_<ISA> and
+ * gemv_packed_q8_0_factored_<ISA>: G slivers at a time for the nibbles, G8 for the bytes. */
+#define NM_DEFINE_FACTORED_GEMVS(ISA, VEC, L, NRW, G, G8, SET1, LOADC, STOREC, FMA, NIBBLES,  \
+                                 DEQ, LOADQ8, SCALEV, FACTORED)                              \
+    NM_FACTORED_NIBBLE_SLIVERS_(gemv_packed_q4_1_factored_##ISA##_group_, G, VEC, L, NRW, SET1, \
+                                LOADC, STOREC, FMA, NIBBLES, DEQ, FACTORED)                  \
+    NM_FACTORED_NIBBLE_SLIVERS_(gemv_packed_q4_1_factored_##ISA##_one_, 1, VEC, L, NRW, SET1,  \
+                                LOADC, STOREC, FMA, NIBBLES, DEQ, FACTORED)                  \
+    NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_##ISA, G, NRW)                         \
+    NM_FACTORED_BYTE_SLIVERS_(gemv_packed_q8_0_factored_##ISA##_group_, G8, VEC, L, NRW, SET1, \
+                              LOADC, STOREC, FMA, LOADQ8, SCALEV, FACTORED)                  \
+    NM_FACTORED_BYTE_SLIVERS_(gemv_packed_q8_0_factored_##ISA##_one_, 1, VEC, L, NRW, SET1,    \
+                              LOADC, STOREC, FMA, LOADQ8, SCALEV, FACTORED)                  \
+    NM_DEFINE_FACTORED_WALK(gemv_packed_q8_0_factored_##ISA, G8, NRW)
+
 /* The first tile of both 4-bit formats (and of Q4_0's packed codes) as packing then the
  * row's microkernel (UKERNEL; its NR is the row's), for a row without a fused one. */
 #define NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(ISA, UKERNEL, NRW)                           \

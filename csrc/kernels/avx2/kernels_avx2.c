@@ -645,30 +645,8 @@ NM_DEFINE_BYTE_QUADS(gemv4_packed_q5_1_avx2, Q5_1, float, _mm256_loadu_ps)
 NM_DEFINE_Q4_1_FACTORED_SLIVERS(gemv_packed_q4_1_factored_avx2_group_, 2)
 NM_DEFINE_Q4_1_FACTORED_SLIVERS(gemv_packed_q4_1_factored_avx2_one_, 1)
 
-/* A factored walk (nm_gemv_packed_factored_fn) from its G-sliver and one-sliver parts: G
- * slivers at a time, then one; the last, narrower than NR, on a zero-padded copy of its C
- * (its padding columns' codes and factors are the grid's, read, their results dropped). */
-#define NM_DEFINE_FACTORED_WALK(NAME, G)                                                     \
-    static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
-                     const uint8_t *b, float *c, const int8_t *cs, const int8_t *co,         \
-                     const float *fs, const float *fo, int64_t bk, int64_t ld,               \
-                     int64_t per_super) {                                                    \
-        int64_t j = 0;                                                                       \
-        for (; j + (G) * NR <= n; j += (G) * NR)                                             \
-            NAME##_group_(k, ldb, slb, a, b + j / NR * slb, c + j, cs + j, co ? co + j : NULL, \
-                          fs + j, fo ? fo + j : NULL, bk, ld, per_super);                    \
-        for (; j + NR <= n; j += NR)                                                         \
-            NAME##_one_(k, ldb, slb, a, b + j / NR * slb, c + j, cs + j, co ? co + j : NULL,   \
-                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
-        if (j < n) {                                                                         \
-            _Alignas(32) float tail[NR] = {0};                                               \
-            memcpy(tail, c + j, (size_t)(n - j) * sizeof(float));                           \
-            NAME##_one_(k, ldb, slb, a, b + j / NR * slb, tail, cs + j, co ? co + j : NULL,    \
-                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
-            memcpy(c + j, tail, (size_t)(n - j) * sizeof(float));                           \
-        }                                                                                    \
-    }
-NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_avx2, 2)
+/* the walk over a group's columns: kernel_common.h's */
+NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_avx2, 2, NR)
 
 /* Q8_0's packed gemv on a factored grid (the K types' Q6_K, Q3_K and IQ4_XS), SL slivers at
  * a time: each block's scales made as above into a stack array, read by each weight
@@ -712,7 +690,7 @@ NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_avx2, 2)
 NM_DEFINE_Q8_0_FACTORED_SLIVERS(gemv_packed_q8_0_factored_avx2_group_, 4)
 NM_DEFINE_Q8_0_FACTORED_SLIVERS(gemv_packed_q8_0_factored_avx2_one_, 1)
 
-NM_DEFINE_FACTORED_WALK(gemv_packed_q8_0_factored_avx2, 4)
+NM_DEFINE_FACTORED_WALK(gemv_packed_q8_0_factored_avx2, 4, NR)
 
 /* ---- codecs ------------------------------------------------------------------------- */
 
