@@ -278,8 +278,11 @@ static inline void nibbles16(const uint8_t *p, __m512 table, __m512 *lo, __m512 
 #define LOAD16_HALF(sp) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp)))
 #define DEQH16_Q4_0(q8, sp, op) _mm512_mul_ps(q8, LOAD16_HALF(sp))
 #define DEQH16_Q4_1(q, sp, op) _mm512_fmadd_ps(q, LOAD16_HALF(sp), LOAD16_HALF(op))
-/* packed: four 32-column slivers at a time for one row (8 accumulators), two for two */
-NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 2, _mm512_set1_ps, _mm512_loadu_ps,
+/* packed: four 32-column slivers at a time, a group's whole stored row, for one row (8
+ * accumulators) and for two (16). Two slivers for two rows read half of each 128-byte group
+ * row a pass, and took 1.2-1.4x the time at m = 2 and 1.1-1.2x at m = 3 to 6 on a Zen 4
+ * (docs/results/nibble-pairs-four-slivers-zen4-2026-12-06.txt). */
+NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
                          _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0, NIBBLES16_Q4_0P,
                          DEQ16_Q4_0, DEQH16_Q4_0, NIBBLES16_Q4_1, DEQ16_Q4_1, DEQH16_Q4_1)
 
