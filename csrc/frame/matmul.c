@@ -551,8 +551,8 @@ static void three_rows_out(float *c, int64_t ldc, const float *c_pad, int64_t w)
 }
 
 /* Rows [i0, i1) of C's columns jc.. (w wide, inside one group) on packed weights under a
- * factored grid. One row, on a row with a walk of its own for such grids
- * (gemv_packed_factored): one call through all of k. Else through the packed m <= 2 walks,
+ * factored grid. On a row with walks of its own for such grids (walks_factored_grid): a call
+ * through all of k for each pair of rows and the one left. Else through the packed m <= 2 walks,
  * k_chunk rows of k at a time, each chunk's blocks of scales multiplied out once (into
  * scale_buf) for every pair of rows (four with factored_quad, three as a four on a_pad's
  * copies), which then reads the chunk's weights in turn (the pairs after the first from L1
@@ -560,11 +560,14 @@ static void three_rows_out(float *c, int64_t ldc, const float *c_pad, int64_t w)
  * at m = 1 ran 0.85-0.87x the float32 grid's so, 0.97-0.99x on the avx2 walk (a prefetch of
  * the next chunk's grid lines changed nothing: a group-major grid's runs are long enough
  * for the hardware's). */
-/* The row's own walk for `rows` rows of packed weights under a factored grid
- * (gemv_packed_factored: one row only), or NULL: then factored_chunks multiplies the grid
- * out into its buffer. */
-static nm_gemv_packed_factored_fn factored_walk(const matmul_job *job, int64_t rows) {
-    return rows == 1 ? job->isa->gemv_packed_factored[job->fmt] : NULL;
+/* Whether the row walks `rows` rows of packed weights under a factored grid itself: one row
+ * with gemv_packed_factored; more in pairs (gemv2_packed_factored), then one, where it has
+ * both and no m == 4 walk for the grid (factored_quad, whose fours run on the grid
+ * multiplied out). Else factored_chunks multiplies the grid out into its buffer. */
+static int walks_factored_grid(const matmul_job *job, int64_t rows) {
+    const nm_isa_kernels *isa = job->isa;
+    if (!isa->gemv_packed_factored[job->fmt]) return 0;
+    return rows == 1 || (isa->gemv2_packed_factored[job->fmt] && !factored_quad(job));
 }
 
 static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64_t jc,
@@ -573,14 +576,24 @@ static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64
     const nm_isa_kernels *isa = job->isa;
     const nm_scales *sc = job->scales;
     const int64_t bk = sc->bk;
-    const nm_gemv_packed_factored_fn fused = factored_walk(job, i1 - i0);
-    if (fused) { /* one row on a row with a walk of its own for the grid: no buffer */
+    if (walks_factored_grid(job, i1 - i0)) { /* the row's own walks: no buffer, all of k */
         int64_t ldb;
         const uint8_t *b = weights_at(job, 0, jc, &ldb);
         const int64_t f_at = nm_factor_offset(sc, 0, jc), c_at = nm_grid_offset(sc, 0, jc);
-        fused(job->k, ldb, slb, w, job->a + i0 * job->lda, b, job->c + i0 * job->ldc + jc,
-              sc->c8 + c_at, sc->oc8 ? sc->oc8 + c_at : NULL, sc->fs + f_at,
-              sc->ofs ? sc->ofs + f_at : NULL, bk, sc->ld, sc->per_super);
+        const int8_t *cs = sc->c8 + c_at, *co = sc->oc8 ? sc->oc8 + c_at : NULL;
+        const float *fs = sc->fs + f_at, *fo = sc->ofs ? sc->ofs + f_at : NULL;
+        for (int64_t ir = i0, pair; ir < i1; ir += pair) {
+            pair = min64(2, i1 - ir);
+            const float *a = job->a + ir * job->lda;
+            float *c = job->c + ir * job->ldc + jc;
+            if (pair == 1)
+                isa->gemv_packed_factored[job->fmt](job->k, ldb, slb, w, a, b, c, cs, co, fs, fo,
+                                                    bk, sc->ld, sc->per_super);
+            else
+                isa->gemv2_packed_factored[job->fmt](job->k, ldb, slb, w, a, job->lda, b, c,
+                                                     job->ldc, cs, co, fs, fo, bk, sc->ld,
+                                                     sc->per_super);
+        }
         return;
     }
     /* the walks read whole slivers' scales, the last one's padding too (ld covers them) */
@@ -657,7 +670,7 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
         /* the packed walks read whole slivers' scales, the last one's padding too */
         const int64_t chunk_pad = (chunk + isa->nr - 1) / isa->nr * isa->nr;
         const size_t s_bytes = (size_t)(2 * call_blocks * chunk_pad) * sizeof(float);
-        const int buffered = widen && !(k_chunk && factored_walk(job, rows));
+        const int buffered = widen && !(k_chunk && walks_factored_grid(job, rows));
         float *scale_buf = buffered ? aligned_alloc(64, (s_bytes + 63) / 64 * 64) : NULL;
         if (buffered && !scale_buf) {
             atomic_store(&job->failed, 1);

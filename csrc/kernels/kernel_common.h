@@ -829,19 +829,20 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
     NM_DEFINE_NIBBLE_PACK(q4_1, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_1, DEQ_Q4_1, NM_DEQ1_Q4_1, \
                           0)
 
-/* m == 1 on packed weights under a factored grid (nm_gemv_packed_factored_fn: the K types'
- * q4_1 form, Q4_K and Q2_K, and their q8_0 form, Q6_K, Q3_K and IQ4_XS), G slivers at a
- * time, then one: the packed walks above, with each block's scales (and offsets) made just
- * before its rows from the block's int8 codes cs (co) and its super-block's float32
- * factors fs (fo). FACTORED(dst, cp, fp) stores the L products fp[x] * (float)cp[x] at dst
- * (64-byte aligned): the frame's widen_factored's products, so the same scales and the same
- * bits. They land in a small array on the stack that DEQ (nibbles) or SCV (bytes) reads as it
+/* m == 1 and m == 2 on packed weights under a factored grid (nm_gemv_packed_factored_fn,
+ * nm_gemv2_packed_factored_fn: the K types' q4_1 form, Q4_K and Q2_K, and their q8_0 form,
+ * Q6_K, Q3_K and IQ4_XS), G slivers at a time for RR rows of A (lda apart) and C (ldc
+ * apart), then one: the packed walks above, with each block's scales (and offsets) made just
+ * before its rows from the block's int8 codes cs (co) and its super-block's float32 factors
+ * fs (fo). FACTORED(dst, cp, fp) stores the L products fp[x] * (float)cp[x] at dst (64-byte
+ * aligned): the frame's widen_factored's products, so the same scales and the same bits.
+ * They land in a small array on the stack that DEQ (nibbles) or SCV (bytes) reads as it
  * reads a float32 grid, so the frame makes no pass of its own over the grid and the walk goes
  * through all of k in one call. Block q + 1's codes are ld after block q's; a super-block's
  * factors are ld after the one before, every per_super blocks (never stepped past the last,
  * not even as an unread pointer). The last sliver, narrower than NRW, runs on a zero-padded
  * copy of its C (the padding columns' codes and factors are the grid's, read, their results
- * dropped). */
+ * dropped). The parts' signature (NM_FACTORED_SIGNATURE_) is the m == 2 slot's without n. */
 #define NM_FACTORED_STAGE_(W_, L, FACTORED, dst, cs, fs)                                     \
     _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (W_); ++i_)                               \
         FACTORED(dst + i_ * (L), cs + i_ * (L), fs + i_ * (L))
@@ -850,17 +851,20 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
     cs += ld, co = co ? co + ld : co;                                                        \
     if (--left_ == 0) fs += ld, fo = fo ? fo + ld : fo, left_ = per_super
 #define NM_FACTORED_SIGNATURE_(NAME)                                                         \
-    void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, const uint8_t *b, float *c, \
-              const int8_t *cs, const int8_t *co, const float *fs, const float *fo,           \
-              int64_t bk, int64_t ld, int64_t per_super)
+    void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, int64_t lda,              \
+              const uint8_t *b, float *c, int64_t ldc, const int8_t *cs, const int8_t *co,   \
+              const float *fs, const float *fo, int64_t bk, int64_t ld, int64_t per_super)
+/* C's RR rows of W_ vectors (row-major in acc_) in and out of the accumulators */
+#define NM_FACTORED_C_(RR, W_, L, OP)                                                        \
+    _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * (W_); ++i_) OP
 /* the q4_1 form: NIBBLES and DEQ as in NM_NIBBLE_SLIVERS_ (DEQ on float32 scales) */
-#define NM_FACTORED_NIBBLE_SLIVERS_(NAME, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES,  \
-                                    DEQ, FACTORED)                                           \
+#define NM_FACTORED_NIBBLE_SLIVERS_(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA,      \
+                                    NIBBLES, DEQ, FACTORED)                                  \
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
-        VEC acc_[W_];                                                                        \
-        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) acc_[i_] = LOADC(c + i_ * (L)); \
+        VEC acc_[(RR) * W_];                                                                 \
+        NM_FACTORED_C_(RR, W_, L, acc_[i_] = LOADC(c + i_ / W_ * ldc + i_ % W_ * (L)));      \
         for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
             _Alignas(64) float sc_[W_ * (L)], of_[W_ * (L)];                                 \
             NM_FACTORED_STAGE_(W_, L, FACTORED, sc_, cs, fs);                                \
@@ -868,81 +872,113 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
                 const uint8_t *row_ = b + r * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                const VEC al_ = SET1(a[2 * r]), ah_ = SET1(a[2 * r + 1]);                    \
+                VEC al_[RR], ah_[RR];                                                        \
+                _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) al_[i_] =          \
+                    SET1(a[i_ * lda + 2 * r]), ah_[i_] = SET1(a[i_ * lda + 2 * r + 1]);      \
                 _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
                     VEC lo_, hi_;                                                            \
                     NIBBLES(row_ + w_ / V_ * slb + (w_ % V_) * (L), lo_, hi_);               \
                     const VEC wl_ = DEQ(lo_, sc_ + w_ * (L), of_ + w_ * (L));                \
                     const VEC wh_ = DEQ(hi_, sc_ + w_ * (L), of_ + w_ * (L));                \
-                    acc_[w_] = FMA(acc_[w_], al_, wl_);                                      \
-                    acc_[w_] = FMA(acc_[w_], ah_, wh_);                                      \
+                    _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) {              \
+                        acc_[i_ * W_ + w_] = FMA(acc_[i_ * W_ + w_], al_[i_], wl_);          \
+                        acc_[i_ * W_ + w_] = FMA(acc_[i_ * W_ + w_], ah_[i_], wh_);          \
+                    }                                                                        \
                 }                                                                            \
             }                                                                                \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
         }                                                                                    \
-        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) STOREC(c + i_ * (L), acc_[i_]); \
+        NM_FACTORED_C_(RR, W_, L, STOREC(c + i_ / W_ * ldc + i_ % W_ * (L), acc_[i_]));      \
     }
 /* the q8_0 form: LOADW and SCV as in NM_GEMV_PACKED_SLIVERS_ (no offsets) */
-#define NM_FACTORED_BYTE_SLIVERS_(NAME, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, LOADW, SCV, \
-                                  FACTORED)                                                  \
+#define NM_FACTORED_BYTE_SLIVERS_(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, LOADW, \
+                                  SCV, FACTORED)                                             \
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \
-        VEC acc_[W_];                                                                        \
-        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) acc_[i_] = LOADC(c + i_ * (L)); \
+        VEC acc_[(RR) * W_];                                                                 \
+        NM_FACTORED_C_(RR, W_, L, acc_[i_] = LOADC(c + i_ / W_ * ldc + i_ % W_ * (L)));      \
         for (int64_t p0_ = 0, left_ = per_super; p0_ < k; p0_ += block_) {                   \
             _Alignas(64) float sc_[W_ * (L)];                                                \
             NM_FACTORED_STAGE_(W_, L, FACTORED, sc_, cs, fs);                                \
             for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
                 const uint8_t *row_ = b + p * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                const VEC ap_ = SET1(a[p]);                                                  \
+                VEC ap_[RR];                                                                 \
+                _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) ap_[i_] =          \
+                    SET1(a[i_ * lda + p]);                                                   \
                 _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
                     const VEC wv_ =                                                          \
                         SCV(LOADW(row_ + w_ / V_ * slb + (w_ % V_) * (L)), sc_ + w_ * (L), NULL); \
-                    acc_[w_] = FMA(acc_[w_], ap_, wv_);                                      \
+                    _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_)                \
+                        acc_[i_ * W_ + w_] = FMA(acc_[i_ * W_ + w_], ap_[i_], wv_);          \
                 }                                                                            \
             }                                                                                \
             NM_FACTORED_NEXT_(p0_ + block_ >= k, cs, co, fs, fo, ld, left_, per_super);      \
         }                                                                                    \
-        _Pragma("GCC unroll 32") for (int i_ = 0; i_ < W_; ++i_) STOREC(c + i_ * (L), acc_[i_]); \
+        NM_FACTORED_C_(RR, W_, L, STOREC(c + i_ / W_ * ldc + i_ % W_ * (L), acc_[i_]));      \
     }
-/* The walk over n columns inside one group, from NAME##_group_ (G slivers) and NAME##_one_:
- * G slivers at a time, then one, then the padded tail. */
+/* The walk over n columns inside one group, from NAME##_group_ (G slivers) and NAME##_one_
+ * for RR rows: G slivers at a time, then one, then the padded tail. NAME is the m == 2 slot
+ * (nm_gemv2_packed_factored_fn) with NM_DEFINE_FACTORED_WALK2, the m == 1 one with
+ * NM_DEFINE_FACTORED_WALK (no lda, ldc). */
+#define NM_FACTORED_WALK_(NAME, RR, G, NRW)                                                  \
+    do {                                                                                     \
+        int64_t j = 0;                                                                       \
+        for (; j + (G) * (NRW) <= n; j += (G) * (NRW))                                       \
+            NAME##_group_(k, ldb, slb, a, lda, b + j / (NRW) * slb, c + j, ldc, cs + j,      \
+                          co ? co + j : NULL, fs + j, fo ? fo + j : NULL, bk, ld, per_super); \
+        for (; j + (NRW) <= n; j += (NRW))                                                   \
+            NAME##_one_(k, ldb, slb, a, lda, b + j / (NRW) * slb, c + j, ldc, cs + j,        \
+                        co ? co + j : NULL, fs + j, fo ? fo + j : NULL, bk, ld, per_super);  \
+        if (j < n) {                                                                         \
+            _Alignas(64) float tail[(RR) * (NRW)] = {0};                                     \
+            const size_t bytes_ = (size_t)(n - j) * sizeof(float);                           \
+            for (int r_ = 0; r_ < (RR); ++r_) memcpy(tail + r_ * (NRW), c + r_ * ldc + j, bytes_); \
+            NAME##_one_(k, ldb, slb, a, lda, b + j / (NRW) * slb, tail, NRW, cs + j,         \
+                        co ? co + j : NULL, fs + j, fo ? fo + j : NULL, bk, ld, per_super);  \
+            for (int r_ = 0; r_ < (RR); ++r_) memcpy(c + r_ * ldc + j, tail + r_ * (NRW), bytes_); \
+        }                                                                                    \
+    } while (0)
 #define NM_DEFINE_FACTORED_WALK(NAME, G, NRW)                                                \
     static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
                      const uint8_t *b, float *c, const int8_t *cs, const int8_t *co,         \
                      const float *fs, const float *fo, int64_t bk, int64_t ld,               \
                      int64_t per_super) {                                                    \
-        int64_t j = 0;                                                                       \
-        for (; j + (G) * (NRW) <= n; j += (G) * (NRW))                                       \
-            NAME##_group_(k, ldb, slb, a, b + j / (NRW) * slb, c + j, cs + j, co ? co + j : NULL, \
-                          fs + j, fo ? fo + j : NULL, bk, ld, per_super);                    \
-        for (; j + (NRW) <= n; j += (NRW))                                                   \
-            NAME##_one_(k, ldb, slb, a, b + j / (NRW) * slb, c + j, cs + j, co ? co + j : NULL, \
-                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
-        if (j < n) {                                                                         \
-            _Alignas(64) float tail[NRW] = {0};                                              \
-            memcpy(tail, c + j, (size_t)(n - j) * sizeof(float));                           \
-            NAME##_one_(k, ldb, slb, a, b + j / (NRW) * slb, tail, cs + j, co ? co + j : NULL, \
-                        fs + j, fo ? fo + j : NULL, bk, ld, per_super);                      \
-            memcpy(c + j, tail, (size_t)(n - j) * sizeof(float));                           \
-        }                                                                                    \
+        const int64_t lda = 0, ldc = 0;                                                      \
+        NM_FACTORED_WALK_(NAME, 1, G, NRW);                                                  \
     }
-/* Both forms' walks for a row, gemv_packed_q4_1_factored_<ISA> and
- * gemv_packed_q8_0_factored_<ISA>: G slivers at a time for the nibbles, G8 for the bytes. */
-#define NM_DEFINE_FACTORED_GEMVS(ISA, VEC, L, NRW, G, G8, SET1, LOADC, STOREC, FMA, NIBBLES,  \
-                                 DEQ, LOADQ8, SCALEV, FACTORED)                              \
-    NM_FACTORED_NIBBLE_SLIVERS_(gemv_packed_q4_1_factored_##ISA##_group_, G, VEC, L, NRW, SET1, \
-                                LOADC, STOREC, FMA, NIBBLES, DEQ, FACTORED)                  \
-    NM_FACTORED_NIBBLE_SLIVERS_(gemv_packed_q4_1_factored_##ISA##_one_, 1, VEC, L, NRW, SET1,  \
-                                LOADC, STOREC, FMA, NIBBLES, DEQ, FACTORED)                  \
-    NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_##ISA, G, NRW)                         \
-    NM_FACTORED_BYTE_SLIVERS_(gemv_packed_q8_0_factored_##ISA##_group_, G8, VEC, L, NRW, SET1, \
-                              LOADC, STOREC, FMA, LOADQ8, SCALEV, FACTORED)                  \
-    NM_FACTORED_BYTE_SLIVERS_(gemv_packed_q8_0_factored_##ISA##_one_, 1, VEC, L, NRW, SET1,    \
-                              LOADC, STOREC, FMA, LOADQ8, SCALEV, FACTORED)                  \
-    NM_DEFINE_FACTORED_WALK(gemv_packed_q8_0_factored_##ISA, G8, NRW)
+#define NM_DEFINE_FACTORED_WALK2(NAME, G, NRW)                                               \
+    static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
+                     int64_t lda, const uint8_t *b, float *c, int64_t ldc, const int8_t *cs, \
+                     const int8_t *co, const float *fs, const float *fo, int64_t bk,         \
+                     int64_t ld, int64_t per_super) {                                        \
+        NM_FACTORED_WALK_(NAME, 2, G, NRW);                                                  \
+    }
+/* One form's walks for one row and for two, gemv_packed_<FMT>_factored_<ISA> and
+ * gemv2_packed_<FMT>_factored_<ISA>, G and G2 slivers at a time, from SLIVERS
+ * (NM_FACTORED_NIBBLE_SLIVERS_ with NIBBLES and DEQ as X and Y, or NM_FACTORED_BYTE_SLIVERS_
+ * with LOADW and SCV) */
+#define NM_DEFINE_FACTORED_FORM_(SLIVERS, FMT, ISA, G, G2, VEC, L, NRW, SET1, LOADC, STOREC,  \
+                                 FMA, X, Y, FACTORED)                                        \
+    SLIVERS(gemv_packed_##FMT##_factored_##ISA##_group_, 1, G, VEC, L, NRW, SET1, LOADC,      \
+            STOREC, FMA, X, Y, FACTORED)                                                     \
+    SLIVERS(gemv_packed_##FMT##_factored_##ISA##_one_, 1, 1, VEC, L, NRW, SET1, LOADC, STOREC, \
+            FMA, X, Y, FACTORED)                                                             \
+    NM_DEFINE_FACTORED_WALK(gemv_packed_##FMT##_factored_##ISA, G, NRW)                      \
+    SLIVERS(gemv2_packed_##FMT##_factored_##ISA##_group_, 2, G2, VEC, L, NRW, SET1, LOADC,    \
+            STOREC, FMA, X, Y, FACTORED)                                                     \
+    SLIVERS(gemv2_packed_##FMT##_factored_##ISA##_one_, 2, 1, VEC, L, NRW, SET1, LOADC,       \
+            STOREC, FMA, X, Y, FACTORED)                                                     \
+    NM_DEFINE_FACTORED_WALK2(gemv2_packed_##FMT##_factored_##ISA, G2, NRW)
+/* Both forms' walks for a row: q4_1 G slivers at a time for one row, G2 for two; q8_0 G8
+ * and G28. */
+#define NM_DEFINE_FACTORED_GEMVS(ISA, VEC, L, NRW, G, G8, G2, G28, SET1, LOADC, STOREC, FMA,  \
+                                 NIBBLES, DEQ, LOADQ8, SCALEV, FACTORED)                     \
+    NM_DEFINE_FACTORED_FORM_(NM_FACTORED_NIBBLE_SLIVERS_, q4_1, ISA, G, G2, VEC, L, NRW, SET1, \
+                             LOADC, STOREC, FMA, NIBBLES, DEQ, FACTORED)                     \
+    NM_DEFINE_FACTORED_FORM_(NM_FACTORED_BYTE_SLIVERS_, q8_0, ISA, G8, G28, VEC, L, NRW, SET1, \
+                             LOADC, STOREC, FMA, LOADQ8, SCALEV, FACTORED)
 
 /* The first tile of both 4-bit formats (and of Q4_0's packed codes) as packing then the
  * row's microkernel (UKERNEL; its NR is the row's), for a row without a fused one. */

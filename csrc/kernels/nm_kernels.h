@@ -158,6 +158,14 @@ typedef void (*nm_gemv_packed_factored_fn)(int64_t k, int64_t ldb, int64_t slb, 
                                            const float *fo, int64_t bk, int64_t ld,
                                            int64_t per_super);
 
+/* The same for two rows of A (lda apart) and C (ldc apart) at once, where a row has it (NULL:
+ * the frame multiplies the grid out a chunk of k at a time for gemv2_packed). */
+typedef void (*nm_gemv2_packed_factored_fn)(int64_t k, int64_t ldb, int64_t slb, int64_t n,
+                                            const float *a, int64_t lda, const uint8_t *b,
+                                            float *c, int64_t ldc, const int8_t *cs,
+                                            const int8_t *co, const float *fs, const float *fo,
+                                            int64_t bk, int64_t ld, int64_t per_super);
+
 /* Packing: decode a kc x nc block of B into float32 slivers of width nr:
  *     dst[(j / nr) * kc * nr + p * nr + (j % nr)] = w[p][j]
  * with the last sliver zero-padded to nr columns. dst is 64-byte aligned. The frame uses it
@@ -240,6 +248,8 @@ typedef struct nm_isa_kernels {
     /* the formats with half_scales only; NULL for the others */
     nm_gemv_packed_factored_fn gemv_packed_factored[NM_FMT_COUNT];
     const char *gemv_packed_factored_name[NM_FMT_COUNT];
+    nm_gemv2_packed_factored_fn gemv2_packed_factored[NM_FMT_COUNT];
+    const char *gemv2_packed_factored_name[NM_FMT_COUNT];
     nm_gemv_packed_half_fn gemv_packed_half[NM_FMT_COUNT];
     const char *gemv_packed_half_name[NM_FMT_COUNT];
     nm_gemv2_packed_half_fn gemv2_packed_half[NM_FMT_COUNT];

@@ -141,9 +141,12 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
                              r->ukernel_pack_name[ps], r->ukernel_name, r->pack_name[ps]);
     }
     /* the packed gemvs on binary16 scales of a format with half_scales (nm_kernels.h) */
-    /* the m == 1 packed gemv on a factored grid, where the row has one (nm_kernels.h) */
+    /* the m == 1 (and m == 2) packed gemvs on a factored grid, where the row has them */
     if (strcmp(op, "matmul_packed_factored") == 0) {
         if (!r->gemv_packed_factored[fmt]) return PyList_New(0);
+        if (r->gemv2_packed_factored[fmt])
+            return Py_BuildValue("[ss]", r->gemv_packed_factored_name[fmt],
+                                 r->gemv2_packed_factored_name[fmt]);
         return Py_BuildValue("[s]", r->gemv_packed_factored_name[fmt]);
     }
     /* the m == 4 packed walk on float32 scales (the frame's, for factored grids) */

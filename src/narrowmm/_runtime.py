@@ -66,11 +66,13 @@ def runtime_info() -> dict[str, Any]:
                 rows = ("m=1", "m=2", "4 rows")[:len(half)]  # the m == 4 walk: optional
                 entry["half_scale_kernel"] = "; ".join(
                     f"{name} ({r})" for name, r in zip(half, rows, strict=True))
-            # packed weights under a factored grid (the K types): the row's own m = 1 walk
-            # and the m == 4 walk on the grid multiplied out, each where the row has one
-            factored = [f"{walk} ({rows})" for what, rows in (("matmul_packed_factored", "m=1"),
-                                                              ("matmul_packed_quad", "4 rows"))
-                        for walk in (native.kernel_names(what, fmt) if op == "matmul" else [])]
+            # packed weights under a factored grid (the K types): the row's own m = 1 (and
+            # m = 2) walks and the m == 4 walk on the grid multiplied out, where it has them
+            factored = [f"{walk} ({rows})" for what, names in (
+                            ("matmul_packed_factored", ("m=1", "m=2")),
+                            ("matmul_packed_quad", ("4 rows",)))
+                        for walk, rows in zip(native.kernel_names(what, fmt)
+                                              if op == "matmul" else [], names, strict=False)]
             if factored:
                 entry["factored_scale_kernel"] = "; ".join(factored)
         kernels.append({**entry, "kernel": name})

@@ -617,9 +617,8 @@ NM_DEFINE_BYTE_QUADS(gemv4_packed_q5_1_avx2, Q5_1, float, _mm256_loadu_ps)
     _mm256_mul_ps(_mm256_loadu_ps(fp),                                                       \
                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(cp)))))
 #define NM_DEFINE_Q4_1_FACTORED_SLIVERS(NAME, SL)                                            \
-    static void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, const uint8_t *b, \
-                     float *c, const int8_t *cs, const int8_t *co, const float *fs,          \
-                     const float *fo, int64_t bk, int64_t ld, int64_t per_super) {           \
+    static NM_FACTORED_SIGNATURE_(NAME) {                                                    \
+        (void)lda, (void)ldc; /* one row */                                                  \
         enum { W_ = (SL) * NR / 8 };                                                         \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m256 acc_[W_];                                                                     \
@@ -653,9 +652,8 @@ NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_avx2, 2, NR)
  * vector's multiplication as a memory operand (12 accumulators leave no registers for
  * them), w = q * scale, then the chain's fma: the template's operations, the same bits. */
 #define NM_DEFINE_Q8_0_FACTORED_SLIVERS(NAME, SL)                                            \
-    static void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a, const uint8_t *b, \
-                     float *c, const int8_t *cs, const int8_t *co, const float *fs,          \
-                     const float *fo, int64_t bk, int64_t ld, int64_t per_super) {           \
+    static NM_FACTORED_SIGNATURE_(NAME) {                                                    \
+        (void)lda, (void)ldc; /* one row */                                                  \
         (void)co, (void)fo; /* no offsets */                                                 \
         enum { W_ = (SL) * NR / 8 };                                                         \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \

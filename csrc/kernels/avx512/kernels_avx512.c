@@ -286,15 +286,16 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_lo
                          _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0, NIBBLES16_Q4_0P,
                          DEQ16_Q4_0, DEQH16_Q4_0, NIBBLES16_Q4_1, DEQ16_Q4_1, DEQH16_Q4_1)
 
-/* The K types' m == 1 walks on their factored grids (kernel_common.h): 16 codes widened and
- * converted (exact), times their factors, a block's scales made in three operations a
- * vector, where the frame's pass over the grid cost Q4_K and Q6_K 1.2-1.35x at m = 1 (Zen 4,
- * docs/kernels.md). Four slivers at a time, as the walks on float32 grids. */
+/* The K types' m == 1 and m == 2 walks on their factored grids (kernel_common.h): 16 codes
+ * widened and converted (exact), times their factors, a block's scales made in three
+ * operations a vector, where the frame's pass over the grid cost Q4_K and Q6_K 1.17-1.31x at
+ * m = 1 on a Zen 4 (docs/kernels.md). Four slivers at a time, as the walks on float32
+ * grids. */
 #define FACTORED16(dst, cp, fp)                                                              \
     _mm512_store_ps(dst, _mm512_mul_ps(_mm512_loadu_ps(fp),                                  \
                                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                \
                                            _mm_loadu_si128((const __m128i *)(cp))))))
-NM_DEFINE_FACTORED_GEMVS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
+NM_DEFINE_FACTORED_GEMVS(avx512, __m512, 16, NR, 4, 4, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
                          _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_1, DEQ16_Q4_1, load16_q8_0,
                          SCALE16, FACTORED16)
 
@@ -430,6 +431,8 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     NM_SET_HALF_SCALE_SLOTS(row, avx512);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q4_1, gemv_packed_q4_1_factored_avx512);
     NM_SET_SLOT(row, gemv_packed_factored, NM_FMT_Q8_0, gemv_packed_q8_0_factored_avx512);
+    NM_SET_SLOT(row, gemv2_packed_factored, NM_FMT_Q4_1, gemv2_packed_q4_1_factored_avx512);
+    NM_SET_SLOT(row, gemv2_packed_factored, NM_FMT_Q8_0, gemv2_packed_q8_0_factored_avx512);
     NM_SET_MATMUL_SLOTS(row, pack, avx512);
     row->ukernel = ukernel_8x32_avx512;
     row->ukernel_name = "ukernel_8x32_avx512";
