@@ -552,6 +552,18 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             for (int64_t x = 0; x < w; ++x) out[r * w + x] = f[x] * (float)c[r * ldc + x];   \
     }
 
+/* The same, L codes a step through the row's FACTORED_STORE(dst, cp, fp) (dst unaligned):
+ * widened, converted (exact), times the factors, then the last ones one at a time. */
+#define NM_DEFINE_WIDEN_FACTORED_SIMD(NAME, L, FACTORED_STORE)                               \
+    static void NAME(const int8_t *c, int64_t ldc, const float *f, int64_t rows, int64_t w,  \
+                     float *out) {                                                           \
+        for (int64_t r = 0; r < rows; ++r, c += ldc, out += w) {                             \
+            int64_t x = 0;                                                                   \
+            for (; x + (L) <= w; x += (L)) FACTORED_STORE(out + x, c + x, f + x);            \
+            for (; x < w; ++x) out[x] = f[x] * (float)c[x];                                  \
+        }                                                                                    \
+    }
+
 #define NM_DEFINE_CODEC_LOOP(NAME, IN, OUT, FN)                                              \
     static void NAME(const IN *src, OUT *dst, int64_t n) {                                   \
         for (int64_t i = 0; i < n; ++i) dst[i] = FN(src[i]);                                 \

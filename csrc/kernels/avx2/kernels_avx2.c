@@ -766,17 +766,8 @@ NM_DEFINE_SILU_ARRAY(silu_avx2, v4d_avx2, 4, exp_v4d_avx2)
  * 8 codes a step: widened, converted (exact), times the factors. The plain loop compiled
  * with these flags took about 0.5 cycles a value on a Zen 3 for rows of 96, its checks and
  * tails costing as much as the work; this takes 4 operations a vector. */
-static void widen_factored_avx2(const int8_t *c, int64_t ldc, const float *f, int64_t rows,
-                                int64_t w, float *out) {
-    for (int64_t r = 0; r < rows; ++r, c += ldc, out += w) {
-        int64_t x = 0;
-        for (; x + 8 <= w; x += 8) {
-            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + x)));
-            _mm256_storeu_ps(out + x, _mm256_mul_ps(_mm256_loadu_ps(f + x), _mm256_cvtepi32_ps(q)));
-        }
-        for (; x < w; ++x) out[x] = f[x] * (float)c[x];
-    }
-}
+#define FACTORED8_STORE(dst, cp, fp) _mm256_storeu_ps(dst, FACTORED8(cp, fp))
+NM_DEFINE_WIDEN_FACTORED_SIMD(widen_factored_avx2, 8, FACTORED8_STORE)
 
 NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */

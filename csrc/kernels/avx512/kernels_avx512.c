@@ -292,7 +292,7 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_lo
  * m = 1 on a Zen 4 (docs/kernels.md). Four slivers at a time, as the walks on float32
  * grids. */
 #define FACTORED16(dst, cp, fp)                                                              \
-    _mm512_store_ps(dst, _mm512_mul_ps(_mm512_loadu_ps(fp),                                  \
+    _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_loadu_ps(fp),                                  \
                                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                \
                                            _mm_loadu_si128((const __m128i *)(cp))))))
 NM_DEFINE_FACTORED_GEMVS(avx512, __m512, 16, NR, 4, 4, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
@@ -411,7 +411,8 @@ NM_DEFINE_SILU_ARRAY(silu_avx512, v8d_avx512, 8, exp_v8d_avx512)
 
 /* ---- a factored grid's blocks multiplied out (the frame's, for the K types) --------- */
 
-NM_DEFINE_WIDEN_FACTORED(widen_factored_avx512)
+/* 16 codes a step, the walks' products (FACTORED16) */
+NM_DEFINE_WIDEN_FACTORED_SIMD(widen_factored_avx512, 16, FACTORED16)
 
 NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     nm_fill_row_scalar(row); /* every slot starts full of portable C */
