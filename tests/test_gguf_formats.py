@@ -606,8 +606,9 @@ def test_k_types_packed_keep_a_factored_grid_and_the_oracle_bits(type_name, isa)
     scales as an int8 code a block and a float32 factor per 256 rows (factored_grid, then
     sliver-major as their codes): a Q4_K weight 0.59 bytes where a float32 grid made it
     0.75, a Q6_K one 1.08 where it was 1.25. The frame multiplies the codes out for the
-    tiles and the m = 2 walks (and the avx2 row's m == 4 ones), the avx2 row's own walks at
-    m = 1; the weights are the same, so are the bits: against the reference oracle, at m = 1
+    tiles, the avx2 row's m = 2 and m == 4 walks and the other rows' m <= 2 ones; the avx2
+    and avx512 rows walk the codes themselves at m = 1, the avx512 row at m = 2 to 6 too (in
+    pairs); the weights are the same, so are the bits: against the reference oracle, at m = 1
     to 5, 7, 8 and 16, on 1 and 2 threads, from TorchWeights.pack() (what from_gguf
     holds) and Weights.pack()."""
     k, n = 1280, 72  # k past two of the walks' chunks of NM_FACTORED_CHUNK_ROWS
