@@ -31,14 +31,19 @@ def test_info_json_schema():
     # the loop that multiplies out the K types' factored scales
     assert info["model_ops"]["silu"] in (f"silu_{info['isa']}", "silu_scalar")
     assert info["factored_scales"] in (f"widen_factored_{info['isa']}", "widen_factored_scalar")
-    # the avx2 row's own m = 1 walks on factored grids (the others' frame multiplies out),
-    # and its m == 4 walks on them multiplied out
+    # the avx2 row's own m = 1 walks on factored grids and its m == 4 walks on them
+    # multiplied out; the avx512 row's own m = 1 and m = 2 walks (the others' frame
+    # multiplies the grid out)
     fused = {k["format"]: k.get("factored_scale_kernel") for k in info["kernels"]
              if k["op"] == "matmul"}
-    want = {fmt: f"gemv_packed_{fmt}_factored_avx2 (m=1); gemv4_packed_{fmt}_avx2 (4 rows)"
-            for fmt in ("q4_1", "q8_0")} if info["isa"] == "avx2" else {}
+    want = {}
     if info["isa"] == "avx2":  # Q5_K's form: the fours only
+        want = {fmt: f"gemv_packed_{fmt}_factored_avx2 (m=1); gemv4_packed_{fmt}_avx2 (4 rows)"
+                for fmt in ("q4_1", "q8_0")}
         want["q5_1"] = "gemv4_packed_q5_1_avx2 (4 rows)"
+    elif info["isa"] == "avx512":
+        want = {fmt: f"gemv_packed_{fmt}_factored_avx512 (m=1); "
+                     f"gemv2_packed_{fmt}_factored_avx512 (m=2)" for fmt in ("q4_1", "q8_0")}
     assert {f: v for f, v in fused.items() if v} == want
 
 
