@@ -311,6 +311,23 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * either grid (a row-major one, or a group's part of a group-major one). VEC, L, SET1,
  * LOADC, STOREC, LOADW, FMA, SCV: as in NM_DEFINE_GEMV_SIMD; ST, the scales' type: float, or
  * uint16_t for a binary16 grid (nm_scales.s16), which SCV then reads. */
+/* Row p of k of the packed byte walks (its weights at row_, sliver t's slb bytes after sliver
+ * t - 1's): RR rows of A (lda apart) times W_ weight vectors (V_ a sliver), each read through
+ * LOADW and SCV with the scales of vector w at sp + w * L (offsets op), into acc_ */
+#define NM_BYTE_STORED_ROW_(VEC, L, V_, W_, RR, ITEM, SET1, FMA, LOADW, SCV, acc_, a, lda, p,  \
+                            row_, slb, sp, op)                                               \
+    do {                                                                                     \
+        VEC ap_[RR];                                                                         \
+        _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =                  \
+            SET1((a)[r_ * (lda) + (p)]);                                                     \
+        _Pragma("GCC unroll 32") for (int w_ = 0; w_ < (W_); ++w_) {                         \
+            const uint8_t *w_at_ = (row_) + w_ / (V_) * (slb) + (w_ % (V_)) * (L) * (ITEM);  \
+            /* unscaled formats read no scales */                                            \
+            const VEC wv_ = SCV(LOADW(w_at_), (sp) + w_ * (L), (op) + w_ * (L));             \
+            _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                        \
+                acc_[r_ * (W_) + w_] = FMA(acc_[r_ * (W_) + w_], ap_[r_], wv_);              \
+        }                                                                                    \
+    } while (0)
 #define NM_GEMV_PACKED_SLIVERS_(NAME, ST, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,    \
                                 LOADW, FMA, SCV)                                             \
     static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,            \
@@ -328,17 +345,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
                 const uint8_t *row_ = b + p * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                VEC ap_[RR];                                                                 \
-                _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =          \
-                    SET1(a[r_ * lda + p]);                                                   \
-                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
-                    const int64_t col_ = w_ * (L);                                           \
-                    (void)col_; /* unscaled formats read no scales */                        \
-                    const uint8_t *w_at_ = row_ + w_ / V_ * slb + (w_ % V_) * (L) * (ITEM);  \
-                    const VEC wv_ = SCV(LOADW(w_at_), s + col_, o + col_);                   \
-                    _Pragma("GCC unroll 4") for (int r_ = 0; r_ < (RR); ++r_)                \
-                        acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ap_[r_], wv_);          \
-                }                                                                            \
+                NM_BYTE_STORED_ROW_(VEC, L, V_, W_, RR, ITEM, SET1, FMA, LOADW, SCV, acc_, a, lda, \
+                                    p, row_, slb, s, o);                                     \
             }                                                                                \
         }                                                                                    \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
@@ -675,6 +683,27 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * NM_GEMV_PACKED_SLIVERS_); then single slivers; the last, narrower than NRW, on a
  * zero-padded scratch copy of its C (its padding codes are read: zero bytes, with the padded
  * scales and offsets; their results are dropped). */
+/* Stored row r of the packed nibble walks (its codes at row_, sliver t's slb bytes after
+ * sliver t - 1's): rows 2r (low nibbles) and 2r + 1 (high) of k, for RR rows of A (lda apart)
+ * times W_ decoded vectors (V_ a sliver), the scales of vector w at sp + w * L (offsets op),
+ * into acc_; the low nibbles' FMAs first, so each chain takes p ascending */
+#define NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, r,    \
+                              row_, slb, sp, op)                                             \
+    do {                                                                                     \
+        VEC al_[RR], ah_[RR];                                                                \
+        _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) al_[r_] =                  \
+            SET1((a)[r_ * (lda) + 2 * (r)]), ah_[r_] = SET1((a)[r_ * (lda) + 2 * (r) + 1]);  \
+        _Pragma("GCC unroll 32") for (int w_ = 0; w_ < (W_); ++w_) {                         \
+            VEC lo_, hi_;                                                                    \
+            NIBBLES((row_) + w_ / (V_) * (slb) + (w_ % (V_)) * (L), lo_, hi_);               \
+            const VEC wl_ = DEQ(lo_, (sp) + w_ * (L), (op) + w_ * (L));                      \
+            const VEC wh_ = DEQ(hi_, (sp) + w_ * (L), (op) + w_ * (L));                      \
+            _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                      \
+                acc_[r_ * (W_) + w_] = FMA(acc_[r_ * (W_) + w_], al_[r_], wl_);              \
+                acc_[r_ * (W_) + w_] = FMA(acc_[r_ * (W_) + w_], ah_[r_], wh_);              \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
 #define NM_NIBBLE_SLIVERS_(NAME, ST, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES,  \
                            DEQ)                                                              \
     static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,            \
@@ -692,20 +721,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
                 const uint8_t *row_ = b + r * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                VEC al_[RR], ah_[RR];                                                        \
-                _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) al_[r_] =          \
-                    SET1(a[r_ * lda + 2 * r]), ah_[r_] = SET1(a[r_ * lda + 2 * r + 1]);      \
-                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
-                    const int64_t col_ = w_ * (L);                                           \
-                    VEC lo_, hi_;                                                            \
-                    NIBBLES(row_ + w_ / V_ * slb + (w_ % V_) * (L), lo_, hi_);               \
-                    const VEC wl_ = DEQ(lo_, s + col_, o + col_);                            \
-                    const VEC wh_ = DEQ(hi_, s + col_, o + col_);                            \
-                    _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {              \
-                        acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], al_[r_], wl_);          \
-                        acc_[r_ * W_ + w_] = FMA(acc_[r_ * W_ + w_], ah_[r_], wh_);          \
-                    }                                                                        \
-                }                                                                            \
+                NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
+                                      r, row_, slb, s, o);                                   \
             }                                                                                \
         }                                                                                    \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
@@ -884,19 +901,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
                 const uint8_t *row_ = b + r * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                VEC al_[RR], ah_[RR];                                                        \
-                _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) al_[i_] =          \
-                    SET1(a[i_ * lda + 2 * r]), ah_[i_] = SET1(a[i_ * lda + 2 * r + 1]);      \
-                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
-                    VEC lo_, hi_;                                                            \
-                    NIBBLES(row_ + w_ / V_ * slb + (w_ % V_) * (L), lo_, hi_);               \
-                    const VEC wl_ = DEQ(lo_, sc_ + w_ * (L), of_ + w_ * (L));                \
-                    const VEC wh_ = DEQ(hi_, sc_ + w_ * (L), of_ + w_ * (L));                \
-                    _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) {              \
-                        acc_[i_ * W_ + w_] = FMA(acc_[i_ * W_ + w_], al_[i_], wl_);          \
-                        acc_[i_ * W_ + w_] = FMA(acc_[i_ * W_ + w_], ah_[i_], wh_);          \
-                    }                                                                        \
-                }                                                                            \
+                NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
+                                      r, row_, slb, sc_, of_);                               \
             }                                                                                \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
         }                                                                                    \
@@ -916,15 +922,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
                 const uint8_t *row_ = b + p * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                VEC ap_[RR];                                                                 \
-                _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_) ap_[i_] =          \
-                    SET1(a[i_ * lda + p]);                                                   \
-                _Pragma("GCC unroll 32") for (int w_ = 0; w_ < W_; ++w_) {                   \
-                    const VEC wv_ =                                                          \
-                        SCV(LOADW(row_ + w_ / V_ * slb + (w_ % V_) * (L)), sc_ + w_ * (L), NULL); \
-                    _Pragma("GCC unroll 2") for (int i_ = 0; i_ < (RR); ++i_)                \
-                        acc_[i_ * W_ + w_] = FMA(acc_[i_ * W_ + w_], ap_[i_], wv_);          \
-                }                                                                            \
+                NM_BYTE_STORED_ROW_(VEC, L, V_, W_, RR, 1, SET1, FMA, LOADW, SCV, acc_, a, lda, p, \
+                                    row_, slb, sc_, sc_); /* no offsets */                   \
             }                                                                                \
             NM_FACTORED_NEXT_(p0_ + block_ >= k, cs, co, fs, fo, ld, left_, per_super);      \
         }                                                                                    \
