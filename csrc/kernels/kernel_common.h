@@ -298,19 +298,6 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
         }                                                                                    \
     } while (0)
 
-/* The m == 1 and m == 2 products on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn),
- * written once from the row's vector operations: G slivers of NRW columns at a time, side by
- * side in one group of the packed layout (stored rows ldb bytes apart), for RR rows of A (lda
- * apart) and C (ldc apart), their RR x G x NRW/L accumulator vectors in registers for all of
- * k (every block of scales: the pointer steps by lds every bk rows, kept in s itself, since a
- * second pointer cost the avx512 loop registers and measured slower), so C is loaded and
- * stored once per sliver and the weights are read once, as one stream of the group's rows,
- * each weight vector feeding the RR rows' FMAs; then single slivers; the last sliver,
- * narrower than NRW, runs on a zero-padded scratch copy of its C (its padding weights are
- * read, their results dropped). Sliver t's scales are NRW elements after sliver t - 1's in
- * either grid (a row-major one, or a group's part of a group-major one). VEC, L, SET1,
- * LOADC, STOREC, LOADW, FMA, SCV: as in NM_DEFINE_GEMV_SIMD; ST, the scales' type: float, or
- * uint16_t for a binary16 grid (nm_scales.s16), which SCV then reads. */
 /* Row p of k of the packed byte walks (its weights at row_, sliver t's slb bytes after sliver
  * t - 1's): RR rows of A (lda apart) times W_ weight vectors (V_ a sliver), each read through
  * LOADW and SCV with the scales of vector w at sp + w * L (offsets op), into acc_ */
@@ -328,6 +315,20 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                 acc_[r_ * (W_) + w_] = FMA(acc_[r_ * (W_) + w_], ap_[r_], wv_);              \
         }                                                                                    \
     } while (0)
+
+/* The m == 1 and m == 2 products on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn),
+ * written once from the row's vector operations: G slivers of NRW columns at a time, side by
+ * side in one group of the packed layout (stored rows ldb bytes apart), for RR rows of A (lda
+ * apart) and C (ldc apart), their RR x G x NRW/L accumulator vectors in registers for all of
+ * k (every block of scales: the pointer steps by lds every bk rows, kept in s itself, since a
+ * second pointer cost the avx512 loop registers and measured slower), so C is loaded and
+ * stored once per sliver and the weights are read once, as one stream of the group's rows,
+ * each weight vector feeding the RR rows' FMAs; then single slivers; the last sliver,
+ * narrower than NRW, runs on a zero-padded scratch copy of its C (its padding weights are
+ * read, their results dropped). Sliver t's scales are NRW elements after sliver t - 1's in
+ * either grid (a row-major one, or a group's part of a group-major one). VEC, L, SET1,
+ * LOADC, STOREC, LOADW, FMA, SCV: as in NM_DEFINE_GEMV_SIMD; ST, the scales' type: float, or
+ * uint16_t for a binary16 grid (nm_scales.s16), which SCV then reads. */
 #define NM_GEMV_PACKED_SLIVERS_(NAME, ST, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,    \
                                 LOADW, FMA, SCV)                                             \
     static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,            \
@@ -676,13 +677,6 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
         NM_NIBBLE_TAIL_(DEQ1, k, n, a + lda, b, ldb, c + ldc, s, o, j)                       \
     }
 
-/* m == 1 and m == 2 on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn): G slivers of
- * NRW columns at a time, side by side in one group of the packed layout (stored row r of
- * column j at b + r * ldb + j), their accumulators in registers down all k of the call,
- * through its blocks of scales (s and o step by lds every bk rows, as in
- * NM_GEMV_PACKED_SLIVERS_); then single slivers; the last, narrower than NRW, on a
- * zero-padded scratch copy of its C (its padding codes are read: zero bytes, with the padded
- * scales and offsets; their results are dropped). */
 /* Stored row r of the packed nibble walks (its codes at row_, sliver t's slb bytes after
  * sliver t - 1's): rows 2r (low nibbles) and 2r + 1 (high) of k, for RR rows of A (lda apart)
  * times W_ decoded vectors (V_ a sliver), the scales of vector w at sp + w * L (offsets op),
@@ -704,6 +698,14 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             }                                                                                \
         }                                                                                    \
     } while (0)
+
+/* m == 1 and m == 2 on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn): G slivers of
+ * NRW columns at a time, side by side in one group of the packed layout (stored row r of
+ * column j at b + r * ldb + j), their accumulators in registers down all k of the call,
+ * through its blocks of scales (s and o step by lds every bk rows, as in
+ * NM_GEMV_PACKED_SLIVERS_); then single slivers; the last, narrower than NRW, on a
+ * zero-padded scratch copy of its C (its padding codes are read: zero bytes, with the padded
+ * scales and offsets; their results are dropped). */
 #define NM_NIBBLE_SLIVERS_(NAME, ST, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES,  \
                            DEQ)                                                              \
     static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,            \
