@@ -275,7 +275,8 @@ static inline void nibbles8_q4_0p(const uint8_t *p, __m256 *lo, __m256 *hi) {
 /* packed: two 24-column slivers at a time for one row (6 accumulators), one for two */
 NM_DEFINE_NIBBLE_FORMATS(avx2, __m256, 8, NR, 2, 1, _mm256_set1_ps, _mm256_loadu_ps,
                          _mm256_storeu_ps, FMADD8, NIBBLES8, DEQ8_Q4_0, NIBBLES8_Q4_0P,
-                         DEQ8_Q4_0P, DEQH8_Q4_0P, NIBBLES8, DEQ8_Q4_1, DEQH8_Q4_1)
+                         DEQ8_Q4_0P, DEQH8_Q4_0P, NIBBLES8, DEQ8_Q4_1, DEQH8_Q4_1,
+                         NM_NIBBLE_SLIVERS_)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
 
 /* The rows of one block of scales (from stored row r0_) of Q4_1's staged walks: scales_ in

@@ -233,7 +233,7 @@ static inline void nibbles4_q4_0p(const uint8_t *p, float32x4_t *lo, float32x4_t
 #define DEQH4_Q4_1(q, sp, op) vfmaq_f32(LOAD4_HALF(op), q, LOAD4_HALF(sp))
 NM_DEFINE_NIBBLE_FORMATS(neon, float32x4_t, 4, NR, 4, 2, vdupq_n_f32, vld1q_f32, vst1q_f32,
                          vfmaq_f32, NIBBLES4, DEQ4_Q4_0, NIBBLES4_Q4_0P, DEQ4_Q4_0,
-                         DEQH4_Q4_0, NIBBLES4, DEQ4_Q4_1, DEQH4_Q4_1)
+                         DEQH4_Q4_0, NIBBLES4, DEQ4_Q4_1, DEQH4_Q4_1, NM_NIBBLE_SLIVERS_)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(neon, ukernel_8x8_neon, NR)
 
 /* ---- codecs ------------------------------------------------------------------------- */

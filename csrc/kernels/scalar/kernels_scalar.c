@@ -143,7 +143,7 @@ NM_DEFINE_ENCODE8_LOOP(encode_q5_1_scalar, nm_f32_to_q5_1)
     ((lo) = NM_NIBBLE_LO(*(p) ^ 0x88u), (hi) = NM_NIBBLE_HI(*(p) ^ 0x88u))
 NM_DEFINE_NIBBLE_FORMATS(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1, FMAF_ACC,
                          NIBBLES1, NM_DEQ1_Q4_0, NIBBLES1_Q4_0P, NM_DEQ1_Q4_0, NM_DEQ1H_Q4_0,
-                         NIBBLES1, NM_DEQ1_Q4_1, NM_DEQ1H_Q4_1)
+                         NIBBLES1, NM_DEQ1_Q4_1, NM_DEQ1H_Q4_1, NM_NIBBLE_SLIVERS_)
 NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(scalar, ukernel_4x8_scalar, SCALAR_NR)
 
 /* their codecs: n bytes, 2n values, the low nibble first */
