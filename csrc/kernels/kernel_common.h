@@ -732,16 +732,17 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
     }
 
 /* FMT's packed gemvs on scales of type ST (float; uint16_t, binary16, for FMT##_half), each
- * scale read through DEQ; GROUP1 defines the m == 1 walk over a group of G slivers, with
- * NM_NIBBLE_SLIVERS_'s parameters (NM_NIBBLE_SLIVERS_ itself, or a row's own). */
+ * scale read through DEQ; GROUP defines the walks over a group, of G slivers for one row
+ * and of G2 for two, with NM_NIBBLE_SLIVERS_'s parameters (NM_NIBBLE_SLIVERS_ itself, or a
+ * row's own). */
 #define NM_DEFINE_NIBBLE_PACKED_GEMVS(FMT, ISA, ST, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,   \
-                                      FMA, NIBBLES, DEQ, GROUP1)                             \
-    GROUP1(gemv_packed_##FMT##_##ISA##_group_, ST, 1, G, VEC, L, NRW, SET1, LOADC, STOREC, FMA, \
+                                      FMA, NIBBLES, DEQ, GROUP)                              \
+    GROUP(gemv_packed_##FMT##_##ISA##_group_, ST, 1, G, VEC, L, NRW, SET1, LOADC, STOREC, FMA, \
            NIBBLES, DEQ)                                                                     \
     NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_one_, ST, 1, 1, VEC, L, NRW, SET1, LOADC,   \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
-    NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_group_, ST, 2, G2, VEC, L, NRW, SET1,      \
-                       LOADC, STOREC, FMA, NIBBLES, DEQ)                                     \
+    GROUP(gemv2_packed_##FMT##_##ISA##_group_, ST, 2, G2, VEC, L, NRW, SET1, LOADC, STOREC,  \
+           FMA, NIBBLES, DEQ)                                                                \
     NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_one_, ST, 2, 1, VEC, L, NRW, SET1, LOADC,  \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
     static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ldb, int64_t slb, int64_t n,   \
@@ -838,23 +839,23 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * scales (nm_scales.s16) for the packed gemvs. Q4_0's packed codes (each byte XOR 0x88, its
  * nibbles q - 8 in two's complement: nm_format_info.packed_xor) have their own pair,
  * NIBBLES_Q4_0P and DEQ_Q4_0P / DEQH_Q4_0P, read by its packed gemvs and by the packing
- * slot of its packed weights (pack_q4_0_packed, NM_SLOT_Q4_0_PACKED). GROUP1: the packed
- * m == 1 walk over a group (NM_DEFINE_NIBBLE_PACKED_GEMVS). */
+ * slot of its packed weights (pack_q4_0_packed, NM_SLOT_Q4_0_PACKED). GROUP: the packed
+ * walks over a group (NM_DEFINE_NIBBLE_PACKED_GEMVS). */
 #define NM_DEFINE_NIBBLE_FORMATS(ISA, VEC, L, NRW, G, G2, SET1, LOADC, STOREC, FMA,          \
                                  NIBBLES_Q4_0, DEQ_Q4_0, NIBBLES_Q4_0P, DEQ_Q4_0P, DEQH_Q4_0P, \
-                                 NIBBLES_Q4_1, DEQ_Q4_1, DEQH_Q4_1, GROUP1)                  \
+                                 NIBBLES_Q4_1, DEQ_Q4_1, DEQH_Q4_1, GROUP)                   \
     NM_DEFINE_NIBBLE_GEMVS(q4_0, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_0,         \
                            DEQ_Q4_0, NM_DEQ1_Q4_0)                                           \
     NM_DEFINE_NIBBLE_GEMVS(q4_1, ISA, VEC, L, SET1, LOADC, STOREC, FMA, NIBBLES_Q4_1,         \
                            DEQ_Q4_1, NM_DEQ1_Q4_1)                                           \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0, ISA, float, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,  \
-                                  FMA, NIBBLES_Q4_0P, DEQ_Q4_0P, GROUP1)                     \
+                                  FMA, NIBBLES_Q4_0P, DEQ_Q4_0P, GROUP)                      \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1, ISA, float, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,  \
-                                  FMA, NIBBLES_Q4_1, DEQ_Q4_1, GROUP1)                       \
+                                  FMA, NIBBLES_Q4_1, DEQ_Q4_1, GROUP)                        \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_0_half, ISA, uint16_t, VEC, L, NRW, G, G2, SET1, LOADC,  \
-                                  STOREC, FMA, NIBBLES_Q4_0P, DEQH_Q4_0P, GROUP1)            \
+                                  STOREC, FMA, NIBBLES_Q4_0P, DEQH_Q4_0P, GROUP)             \
     NM_DEFINE_NIBBLE_PACKED_GEMVS(q4_1_half, ISA, uint16_t, VEC, L, NRW, G, G2, SET1, LOADC,  \
-                                  STOREC, FMA, NIBBLES_Q4_1, DEQH_Q4_1, GROUP1)              \
+                                  STOREC, FMA, NIBBLES_Q4_1, DEQH_Q4_1, GROUP)               \
     NM_DEFINE_NIBBLE_PACK(q4_0, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_0, DEQ_Q4_0,              \
                           NM_DEQ1_Q4_0, 0)                                                   \
     NM_DEFINE_NIBBLE_PACK(q4_0_packed, ISA, VEC, L, NRW, STOREC, NIBBLES_Q4_0P, DEQ_Q4_0P,     \
@@ -973,25 +974,25 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
 /* One form's walks for one row and for two, gemv_packed_<FMT>_factored_<ISA> and
  * gemv2_packed_<FMT>_factored_<ISA>, G and G2 slivers at a time, from SLIVERS
  * (NM_FACTORED_NIBBLE_SLIVERS_ with NIBBLES and DEQ as X and Y, or NM_FACTORED_BYTE_SLIVERS_
- * with LOADW and SCV), the one-row walk over G slivers from GROUP1 (SLIVERS's parameters:
- * SLIVERS itself, or a row's own) */
-#define NM_DEFINE_FACTORED_FORM_(SLIVERS, GROUP1, FMT, ISA, G, G2, VEC, L, NRW, SET1, LOADC,  \
+ * with LOADW and SCV), the walks over a group (G slivers for one row, G2 for two) from GROUP
+ * (SLIVERS's parameters: SLIVERS itself, or a row's own) */
+#define NM_DEFINE_FACTORED_FORM_(SLIVERS, GROUP, FMT, ISA, G, G2, VEC, L, NRW, SET1, LOADC,  \
                                  STOREC, FMA, X, Y, FACTORED)                                \
-    GROUP1(gemv_packed_##FMT##_factored_##ISA##_group_, 1, G, VEC, L, NRW, SET1, LOADC, STOREC, \
+    GROUP(gemv_packed_##FMT##_factored_##ISA##_group_, 1, G, VEC, L, NRW, SET1, LOADC, STOREC, \
            FMA, X, Y, FACTORED)                                                              \
     SLIVERS(gemv_packed_##FMT##_factored_##ISA##_one_, 1, 1, VEC, L, NRW, SET1, LOADC, STOREC, \
             FMA, X, Y, FACTORED)                                                             \
     NM_DEFINE_FACTORED_WALK(gemv_packed_##FMT##_factored_##ISA, G, NRW)                      \
-    SLIVERS(gemv2_packed_##FMT##_factored_##ISA##_group_, 2, G2, VEC, L, NRW, SET1, LOADC,    \
-            STOREC, FMA, X, Y, FACTORED)                                                     \
+    GROUP(gemv2_packed_##FMT##_factored_##ISA##_group_, 2, G2, VEC, L, NRW, SET1, LOADC,     \
+           STOREC, FMA, X, Y, FACTORED)                                                      \
     SLIVERS(gemv2_packed_##FMT##_factored_##ISA##_one_, 2, 1, VEC, L, NRW, SET1, LOADC,       \
             STOREC, FMA, X, Y, FACTORED)                                                     \
     NM_DEFINE_FACTORED_WALK2(gemv2_packed_##FMT##_factored_##ISA, G2, NRW)
-/* Both forms' walks for a row: q4_1 G slivers at a time for one row (through NIBBLE_GROUP1),
- * G2 for two; q8_0 G8 and G28. */
+/* Both forms' walks for a row: q4_1 G slivers at a time for one row, G2 for two (the groups'
+ * walks through NIBBLE_GROUP); q8_0 G8 and G28. */
 #define NM_DEFINE_FACTORED_GEMVS(ISA, VEC, L, NRW, G, G8, G2, G28, SET1, LOADC, STOREC, FMA,  \
-                                 NIBBLES, DEQ, LOADQ8, SCALEV, FACTORED, NIBBLE_GROUP1)      \
-    NM_DEFINE_FACTORED_FORM_(NM_FACTORED_NIBBLE_SLIVERS_, NIBBLE_GROUP1, q4_1, ISA, G, G2, VEC, \
+                                 NIBBLES, DEQ, LOADQ8, SCALEV, FACTORED, NIBBLE_GROUP)       \
+    NM_DEFINE_FACTORED_FORM_(NM_FACTORED_NIBBLE_SLIVERS_, NIBBLE_GROUP, q4_1, ISA, G, G2, VEC, \
                              L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ, FACTORED)       \
     NM_DEFINE_FACTORED_FORM_(NM_FACTORED_BYTE_SLIVERS_, NM_FACTORED_BYTE_SLIVERS_, q8_0, ISA, \
                              G8, G28, VEC, L, NRW, SET1, LOADC, STOREC, FMA, LOADQ8, SCALEV,  \

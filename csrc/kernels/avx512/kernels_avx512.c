@@ -279,7 +279,7 @@ static inline void nibbles16(const uint8_t *p, __m512 table, __m512 *lo, __m512 
 #define DEQH16_Q4_0(q8, sp, op) _mm512_mul_ps(q8, LOAD16_HALF(sp))
 #define DEQH16_Q4_1(q, sp, op) _mm512_fmadd_ps(q, LOAD16_HALF(sp), LOAD16_HALF(op))
 
-/* ---- m == 1 on a packed group of a 4-bit format: strided lanes ---------------------- */
+/* ---- m <= 2 on a packed group of a 4-bit format: strided lanes ---------------------- */
 
 /* A group's stored row r is 128 bytes, its four slivers side by side (slb == NR: every group
  * of a 4-bit format, nm_pack_width), byte j holding column j's rows 2r (low nibble) and
@@ -288,10 +288,10 @@ static inline void nibbles16(const uint8_t *p, __m512 table, __m512 *lo, __m512 
  * code down to the low 4 bits that vpermps reads. So 16 weights take a shift and a permute
  * (and the scale's multiplication, and the chain's FMA), where NIBBLES16 widens 16 bytes and
  * permutes twice for 32: on a Zen 4 the widening and the permutes share a pipe with the FMA
- * units, the shifts do not. Accumulator 4h + q holds columns 64h + 4i + q (lane i): C, the
- * scales and the offsets are put in that order first (strided128), C back after
- * (unstrided128). Each column's FMAs are NM_NIBBLE_SLIVERS_'s, in the same order: the same
- * bits. */
+ * units, the shifts do not. For two rows of A each weight is decoded once. Accumulator
+ * 4h + q (of a row's eight) holds columns 64h + 4i + q (lane i): C, the scales and the
+ * offsets are put in that order first (strided128), C back after (unstrided128). Each
+ * column's FMAs are NM_NIBBLE_SLIVERS_'s, in the same order: the same bits. */
 
 /* x: 128 columns in order, 16 a vector; out[4h + q] lane i: column 64h + 4i + q */
 static inline void strided128(__m512 out[8], const __m512 x[8]) {
@@ -349,11 +349,15 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
     _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, shift), CODES16),             \
                     _mm512_load_ps(sp), _mm512_load_ps(op))
 
-/* Stored row r (at row_) of a group for one row of A: the two codes of every column, the
- * low nibble's FMA first, into acc_ (strided), the scales and offsets staged at sc_ and of_ */
-#define NIBBLE_STRIDED_ROW_(NIBBLES, acc_, a, r, row_, sc_, of_)                             \
+/* Stored row r (at row_) of a group for RR rows of A (lda apart): the two codes of every
+ * column, decoded once for the RR rows, the low nibble's FMA first, into acc_ (row r_'s
+ * eight strided vectors at acc_ + 8 r_), the scales and offsets staged at sc_ and of_ */
+#define NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, row_, sc_, of_)                    \
     do {                                                                                     \
-        const __m512 al_ = _mm512_set1_ps((a)[2 * (r)]), ah_ = _mm512_set1_ps((a)[2 * (r) + 1]); \
+        __m512 al_[RR], ah_[RR];                                                             \
+        _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) al_[r_] =                  \
+            _mm512_set1_ps((a)[r_ * (lda) + 2 * (r)]),                                       \
+        ah_[r_] = _mm512_set1_ps((a)[r_ * (lda) + 2 * (r) + 1]);                             \
         _Pragma("GCC unroll 2") for (int h_ = 0; h_ < 2; ++h_) {                             \
             const __m512i v_ = _mm512_loadu_si512((const void *)((row_) + 64 * h_));         \
             _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 4; ++q_) {                         \
@@ -362,26 +366,28 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
                     NIBBLES##_STRIDED(v_, 8 * q_, (sc_) + 16 * w_, (of_) + 16 * w_);         \
                 const __m512 wh_ =                                                           \
                     NIBBLES##_STRIDED(v_, 8 * q_ + 4, (sc_) + 16 * w_, (of_) + 16 * w_);     \
-                acc_[w_] = _mm512_fmadd_ps(al_, wl_, acc_[w_]);                              \
-                acc_[w_] = _mm512_fmadd_ps(ah_, wh_, acc_[w_]);                              \
+                _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                  \
+                    acc_[8 * r_ + w_] = _mm512_fmadd_ps(al_[r_], wl_, acc_[8 * r_ + w_]);    \
+                    acc_[8 * r_ + w_] = _mm512_fmadd_ps(ah_[r_], wh_, acc_[8 * r_ + w_]);    \
+                }                                                                            \
             }                                                                                \
         }                                                                                    \
     } while (0)
-/* C's 128 columns in (strided) and out */
-#define NIBBLE_STRIDED_C_IN_(acc_, c)                                                        \
-    do {                                                                                     \
+/* C's RR rows (ldc apart) of 128 columns in (strided) and out */
+#define NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc)                                               \
+    _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                              \
         __m512 x_[8];                                                                        \
         _Pragma("GCC unroll 8") for (int w_ = 0; w_ < 8; ++w_) x_[w_] =                      \
-            _mm512_loadu_ps((c) + 16 * w_);                                                  \
-        strided128(acc_, x_);                                                                \
-    } while (0)
-#define NIBBLE_STRIDED_C_OUT_(acc_, c)                                                       \
-    do {                                                                                     \
+            _mm512_loadu_ps((c) + r_ * (ldc) + 16 * w_);                                     \
+        strided128(acc_ + 8 * r_, x_);                                                       \
+    }
+#define NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc)                                              \
+    _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                              \
         __m512 x_[8];                                                                        \
-        unstrided128(x_, acc_);                                                              \
+        unstrided128(x_, acc_ + 8 * r_);                                                     \
         _Pragma("GCC unroll 8") for (int w_ = 0; w_ < 8; ++w_)                               \
-            _mm512_storeu_ps((c) + 16 * w_, x_[w_]);                                         \
-    } while (0)
+            _mm512_storeu_ps((c) + r_ * (ldc) + 16 * w_, x_[w_]);                            \
+    }
 
 /* vector w of the walks' scales and offsets (s, o: a grid's; cs, fs, co, fo: a factored
  * grid's block, its products made as FACTORED16 makes them) */
@@ -390,58 +396,58 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
 #define FACTORED16_S_(w) FACTORED16_V(cs + 16 * (w), fs + 16 * (w))
 #define FACTORED16_O_(w) FACTORED16_V(co + 16 * (w), fo + 16 * (w))
 
-/* The m == 1 walk over a group on a grid (GROUP1 of NM_DEFINE_NIBBLE_FORMATS):
+/* The walk over a group on a grid for RR rows (GROUP of NM_DEFINE_NIBBLE_FORMATS):
  * NM_NIBBLE_SLIVERS_'s parameters, of which it reads ST and NIBBLES (its _STRIDED decode),
  * through the blocks of scales as NM_NIBBLE_SLIVERS_ steps them */
 #define NIBBLE_STRIDED_GROUP(NAME, ST, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES, \
                              DEQ)                                                            \
-    _Static_assert((RR) == 1 && (GG) * (NRW) == 128 && (L) == 16, "one row, 128 columns");   \
+    _Static_assert((RR) <= 2 && (GG) * (NRW) == 128 && (L) == 16, "1 or 2 rows, 128 columns"); \
     static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,             \
                             int64_t lda, const uint8_t *b, float *c, int64_t ldc,            \
                             const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
-        (void)slb, (void)lda, (void)ldc; /* slb == NR; one row */                            \
+        (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
-        __m512 acc_[8];                                                                      \
-        NIBBLE_STRIDED_C_IN_(acc_, c);                                                       \
+        __m512 acc_[8 * (RR)];                                                               \
+        NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
         for (int64_t r0_ = 0; r0_ < k / 2; r0_ += block_, s = r0_ < k / 2 ? s + lds : s,     \
                      o = o && r0_ < k / 2 ? o + lds : o) {                                   \
             _Alignas(64) float sc_[128], of_[128];                                           \
             STAGE_STRIDED128(sc_, GRID16_S_);                                                \
             if (NIBBLES##_OFFSETS) STAGE_STRIDED128(of_, GRID16_O_);                         \
             for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r)    \
-                NIBBLE_STRIDED_ROW_(NIBBLES, acc_, a, r, b + r * ldb, sc_, of_);             \
+                NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
         }                                                                                    \
-        NIBBLE_STRIDED_C_OUT_(acc_, c);                                                      \
+        NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
 
-/* The same on a factored grid (the q4_1 form's GROUP1 of NM_DEFINE_FACTORED_GEMVS):
+/* The same on a factored grid (the q4_1 form's GROUP of NM_DEFINE_FACTORED_GEMVS):
  * NM_FACTORED_NIBBLE_SLIVERS_'s parameters; each block's scales and offsets made as that
  * walk makes them (FACTORED, which is FACTORED16: its products FACTORED16_V, in registers),
  * then put in the strided order */
 #define NIBBLE_STRIDED_FACTORED_GROUP(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA,   \
                                       NIBBLES, DEQ, FACTORED)                                \
-    _Static_assert((RR) == 1 && (GG) * (NRW) == 128 && (L) == 16, "one row, 128 columns");   \
+    _Static_assert((RR) <= 2 && (GG) * (NRW) == 128 && (L) == 16, "1 or 2 rows, 128 columns"); \
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
-        (void)slb, (void)lda, (void)ldc; /* slb == NR; one row */                            \
+        (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
-        __m512 acc_[8];                                                                      \
-        NIBBLE_STRIDED_C_IN_(acc_, c);                                                       \
+        __m512 acc_[8 * (RR)];                                                               \
+        NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
         for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
             _Alignas(64) float sc_[128], of_[128];                                           \
             STAGE_STRIDED128(sc_, FACTORED16_S_);                                            \
             STAGE_STRIDED128(of_, FACTORED16_O_);                                            \
             for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r)    \
-                NIBBLE_STRIDED_ROW_(NIBBLES, acc_, a, r, b + r * ldb, sc_, of_);             \
+                NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
         }                                                                                    \
-        NIBBLE_STRIDED_C_OUT_(acc_, c);                                                      \
+        NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
 
-/* packed: four 32-column slivers at a time, a group's whole stored row: for one row the
- * strided walk above, for two NM_NIBBLE_SLIVERS_ (16 accumulators). Two slivers for two rows
- * read half of each 128-byte group row a pass, and took 1.2-1.4x the time at m = 2 and
- * 1.1-1.2x at m = 3 to 6 on a Zen 4
- * (docs/results/nibble-pairs-four-slivers-zen4-2026-12-06.txt). */
+/* packed: a group's whole stored row at a time (four 32-column slivers), for one row and for
+ * two (16 accumulators), through the strided walks above
+ * (docs/results/strided-lanes-avx512-zen4-2026-12-06.txt). Two slivers for two rows read half
+ * of each 128-byte group row a pass, and took 1.2-1.4x the time at m = 2 and 1.1-1.2x at
+ * m = 3 to 6 on a Zen 4 (docs/results/nibble-pairs-four-slivers-zen4-2026-12-06.txt). */
 NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
                          _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_0, DEQ16_Q4_0, NIBBLES16_Q4_0P,
                          DEQ16_Q4_0, DEQH16_Q4_0, NIBBLES16_Q4_1, DEQ16_Q4_1, DEQH16_Q4_1,
