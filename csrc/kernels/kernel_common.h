@@ -738,11 +738,11 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
 #define NM_DEFINE_NIBBLE_PACKED_GEMVS(FMT, ISA, ST, VEC, L, NRW, G, G2, SET1, LOADC, STOREC,   \
                                       FMA, NIBBLES, DEQ, GROUP)                              \
     GROUP(gemv_packed_##FMT##_##ISA##_group_, ST, 1, G, VEC, L, NRW, SET1, LOADC, STOREC, FMA, \
-           NIBBLES, DEQ)                                                                     \
+          NIBBLES, DEQ)                                                                      \
     NM_NIBBLE_SLIVERS_(gemv_packed_##FMT##_##ISA##_one_, ST, 1, 1, VEC, L, NRW, SET1, LOADC,   \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
     GROUP(gemv2_packed_##FMT##_##ISA##_group_, ST, 2, G2, VEC, L, NRW, SET1, LOADC, STOREC,  \
-           FMA, NIBBLES, DEQ)                                                                \
+          FMA, NIBBLES, DEQ)                                                                 \
     NM_NIBBLE_SLIVERS_(gemv2_packed_##FMT##_##ISA##_one_, ST, 2, 1, VEC, L, NRW, SET1, LOADC,  \
                        STOREC, FMA, NIBBLES, DEQ)                                            \
     static void gemv_packed_##FMT##_##ISA(int64_t k, int64_t ldb, int64_t slb, int64_t n,   \
@@ -979,12 +979,12 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
 #define NM_DEFINE_FACTORED_FORM_(SLIVERS, GROUP, FMT, ISA, G, G2, VEC, L, NRW, SET1, LOADC,  \
                                  STOREC, FMA, X, Y, FACTORED)                                \
     GROUP(gemv_packed_##FMT##_factored_##ISA##_group_, 1, G, VEC, L, NRW, SET1, LOADC, STOREC, \
-           FMA, X, Y, FACTORED)                                                              \
+          FMA, X, Y, FACTORED)                                                               \
     SLIVERS(gemv_packed_##FMT##_factored_##ISA##_one_, 1, 1, VEC, L, NRW, SET1, LOADC, STOREC, \
             FMA, X, Y, FACTORED)                                                             \
     NM_DEFINE_FACTORED_WALK(gemv_packed_##FMT##_factored_##ISA, G, NRW)                      \
     GROUP(gemv2_packed_##FMT##_factored_##ISA##_group_, 2, G2, VEC, L, NRW, SET1, LOADC,     \
-           STOREC, FMA, X, Y, FACTORED)                                                      \
+          STOREC, FMA, X, Y, FACTORED)                                                       \
     SLIVERS(gemv2_packed_##FMT##_factored_##ISA##_one_, 2, 1, VEC, L, NRW, SET1, LOADC,       \
             STOREC, FMA, X, Y, FACTORED)                                                     \
     NM_DEFINE_FACTORED_WALK2(gemv2_packed_##FMT##_factored_##ISA, G2, NRW)

@@ -355,9 +355,10 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
 #define NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, row_, sc_, of_)                    \
     do {                                                                                     \
         __m512 al_[RR], ah_[RR];                                                             \
-        _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) al_[r_] =                  \
-            _mm512_set1_ps((a)[r_ * (lda) + 2 * (r)]),                                       \
-        ah_[r_] = _mm512_set1_ps((a)[r_ * (lda) + 2 * (r) + 1]);                             \
+        _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                          \
+            al_[r_] = _mm512_set1_ps((a)[r_ * (lda) + 2 * (r)]);                             \
+            ah_[r_] = _mm512_set1_ps((a)[r_ * (lda) + 2 * (r) + 1]);                         \
+        }                                                                                    \
         _Pragma("GCC unroll 2") for (int h_ = 0; h_ < 2; ++h_) {                             \
             const __m512i v_ = _mm512_loadu_si512((const void *)((row_) + 64 * h_));         \
             _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 4; ++q_) {                         \
@@ -457,7 +458,7 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_lo
  * widened and converted (exact), times their factors, a block's scales made in three
  * operations a vector, where the frame's pass over the grid cost Q4_K and Q6_K 1.17-1.31x at
  * m = 1 on a Zen 4 (docs/kernels.md). Four slivers at a time, as the walks on float32
- * grids. */
+ * grids; the q4_1 form's group walks are the strided ones above. */
 #define FACTORED16_V(cp, fp)                                                                 \
     _mm512_mul_ps(_mm512_loadu_ps(fp), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                \
                                            _mm_loadu_si128((const __m128i *)(cp)))))
