@@ -283,6 +283,10 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
     NM_DEFINE_GEMV2_SIMD(gemv2_e5m2_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADE5M2, FMA,    \
                          PREFETCH, nm_load1_e5m2_raw, SCALEV, NM_SCALE1)
 
+/* One past the last row of the block that starts at row r0 (block rows of a block; the last
+ * block cut at rows): the walks' loop over a block of scales */
+#define NM_BLOCK_END_(r0, block, rows) ((rows) - (r0) < (block) ? (rows) : (r0) + (block))
+
 /* A hint for the stored row PACKED_GEMV_AHEAD bytes down the stream of a packed m <= 2 walk
  * (both lines of a row of up to 128 bytes, which may straddle two), on the rows whose folder
  * sets PACKED_GEMV_AHEAD; 0 leaves the stream to the hardware prefetchers. The walks issue
@@ -343,7 +347,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
          * never past the last block, not even as an unread pointer) */                      \
         for (int64_t p0_ = 0; p0_ < k; p0_ += block_, s = s && p0_ < k ? s + lds : s,        \
                      o = o && p0_ < k ? o + lds : o) {                                       \
-            for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
+            for (int64_t p = p0_; p < NM_BLOCK_END_(p0_, block_, k); ++p) {                  \
                 const uint8_t *row_ = b + p * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
                 NM_BYTE_STORED_ROW_(VEC, L, V_, W_, RR, ITEM, SET1, FMA, LOADW, SCV, acc_, a, lda, \
@@ -720,7 +724,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
          * last block, not even as an unread pointer) */                                     \
         for (int64_t r0_ = 0; r0_ < k / 2; r0_ += block_, s = r0_ < k / 2 ? s + lds : s,    \
                      o = o && r0_ < k / 2 ? o + lds : o) {                                   \
-            for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
+            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r) {              \
                 const uint8_t *row_ = b + r * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
                 NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
@@ -903,7 +907,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             _Alignas(64) float sc_[W_ * (L)], of_[W_ * (L)];                                 \
             NM_FACTORED_STAGE_(W_, L, FACTORED, sc_, cs, fs);                                \
             NM_FACTORED_STAGE_(W_, L, FACTORED, of_, co, fo); /* q4_1 has offsets */         \
-            for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r) {  \
+            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r) {              \
                 const uint8_t *row_ = b + r * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
                 NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
@@ -924,7 +928,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
         for (int64_t p0_ = 0, left_ = per_super; p0_ < k; p0_ += block_) {                   \
             _Alignas(64) float sc_[W_ * (L)];                                                \
             NM_FACTORED_STAGE_(W_, L, FACTORED, sc_, cs, fs);                                \
-            for (int64_t p = p0_; p < (k - p0_ < block_ ? k : p0_ + block_); ++p) {          \
+            for (int64_t p = p0_; p < NM_BLOCK_END_(p0_, block_, k); ++p) {                  \
                 const uint8_t *row_ = b + p * ldb;                                           \
                 NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
                 NM_BYTE_STORED_ROW_(VEC, L, V_, W_, RR, 1, SET1, FMA, LOADW, SCV, acc_, a, lda, p, \

@@ -284,7 +284,7 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
  * follow, so that each decode FMA takes them as a memory operand (see below). */
 #define Q4_1_STAGED_BLOCK_ROWS(W_)                                                           \
     const float *op_ = offsets_;                                                             \
-    const int64_t end_ = k / 2 - r0_ < block_ ? k / 2 : r0_ + block_;                        \
+    const int64_t end_ = NM_BLOCK_END_(r0_, block_, k / 2);                                  \
     for (int64_t r = r0_; r < end_; ++r) {                                                   \
         __asm__("" : "+r"(op_)); /* a memory operand at every use */                         \
         const uint8_t *row_ = b + r * ldb;                                                   \
@@ -375,7 +375,7 @@ NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_half_staged_avx2, uint16_t, LOAD8_HA
                 _mm256_store_ps(high_ + 8 * i_, _mm256_mul_ps(d_, _mm256_set1_ps(0x1p-4f)));   \
             }                                                                                \
             const float *lp_ = low_, *hp_ = high_;                                           \
-            const int64_t end_ = k / 2 - r0_ < block_ ? k / 2 : r0_ + block_;                \
+            const int64_t end_ = NM_BLOCK_END_(r0_, block_, k / 2);                          \
             for (int64_t r = r0_; r < end_; ++r) {                                           \
                 __asm__("" : "+r"(lp_)); /* memory operands at every use */                  \
                 __asm__("" : "+r"(hp_));                                                     \
@@ -666,7 +666,7 @@ NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_avx2, 2, NR)
             _Pragma("GCC unroll 12") for (int i_ = 0; i_ < W_; ++i_)                         \
                 _mm256_store_ps(scales_ + 8 * i_, FACTORED8(cs + 8 * i_, fs + 8 * i_));      \
             const float *sp_ = scales_;                                                      \
-            const int64_t end_ = k - p0_ < block_ ? k : p0_ + block_;                        \
+            const int64_t end_ = NM_BLOCK_END_(p0_, block_, k);                              \
             for (int64_t p = p0_; p < end_; ++p) {                                           \
                 __asm__("" : "+r"(sp_)); /* a memory operand at every use */                \
                 const uint8_t *row_ = b + p * ldb;                                           \

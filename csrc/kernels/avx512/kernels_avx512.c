@@ -415,7 +415,7 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
             _Alignas(64) float sc_[128], of_[128];                                           \
             STAGE_STRIDED128(sc_, GRID16_S_);                                                \
             if (NIBBLES##_OFFSETS) STAGE_STRIDED128(of_, GRID16_O_);                         \
-            for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r)    \
+            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r)                \
                 NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
         }                                                                                    \
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
@@ -437,7 +437,7 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
             _Alignas(64) float sc_[128], of_[128];                                           \
             STAGE_STRIDED128(sc_, FACTORED16_S_);                                            \
             STAGE_STRIDED128(of_, FACTORED16_O_);                                            \
-            for (int64_t r = r0_; r < (k / 2 - r0_ < block_ ? k / 2 : r0_ + block_); ++r)    \
+            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r)                \
                 NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
         }                                                                                    \
