@@ -703,6 +703,17 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
         }                                                                                    \
     } while (0)
 
+/* The stored rows of the block from r0_ (block_ of them, the last block cut at k / 2) through
+ * NM_NIBBLE_STORED_ROW_, that block's scales at sp and offsets at op; the walks' names
+ * (k, b, ldb, slb, r0_, block_) */
+#define NM_NIBBLE_BLOCK_ROWS_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, sp, op) \
+    for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r) {                      \
+        const uint8_t *row_ = b + r * ldb;                                                   \
+        NM_PACKED_GEMV_PREFETCH(row_, ldb);                                                  \
+        NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, r,  \
+                              row_, slb, sp, op);                                            \
+    }
+
 /* m == 1 and m == 2 on packed weights (nm_gemv_packed_fn, nm_gemv2_packed_fn): G slivers of
  * NRW columns at a time, side by side in one group of the packed layout (stored row r of
  * column j at b + r * ldb + j), their accumulators in registers down all k of the call,
@@ -724,12 +735,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
          * last block, not even as an unread pointer) */                                     \
         for (int64_t r0_ = 0; r0_ < k / 2; r0_ += block_, s = r0_ < k / 2 ? s + lds : s,    \
                      o = o && r0_ < k / 2 ? o + lds : o) {                                   \
-            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r) {              \
-                const uint8_t *row_ = b + r * ldb;                                           \
-                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
-                                      r, row_, slb, s, o);                                   \
-            }                                                                                \
+            NM_NIBBLE_BLOCK_ROWS_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
+                                  s, o);                                                     \
         }                                                                                    \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
             STOREC(c + (i_ / W_) * ldc + (i_ % W_) / V_ * (NRW) + (i_ % V_) * (L), acc_[i_]); \
@@ -907,12 +914,8 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             _Alignas(64) float sc_[W_ * (L)], of_[W_ * (L)];                                 \
             NM_FACTORED_STAGE_(W_, L, FACTORED, sc_, cs, fs);                                \
             NM_FACTORED_STAGE_(W_, L, FACTORED, of_, co, fo); /* q4_1 has offsets */         \
-            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r) {              \
-                const uint8_t *row_ = b + r * ldb;                                           \
-                NM_PACKED_GEMV_PREFETCH(row_, ldb);                                          \
-                NM_NIBBLE_STORED_ROW_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
-                                      r, row_, slb, sc_, of_);                               \
-            }                                                                                \
+            NM_NIBBLE_BLOCK_ROWS_(VEC, L, V_, W_, RR, SET1, FMA, NIBBLES, DEQ, acc_, a, lda, \
+                                  sc_, of_);                                                 \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
         }                                                                                    \
         NM_FACTORED_C_(RR, W_, L, STOREC(c + i_ / W_ * ldc + i_ % W_ * (L), acc_[i_]));      \
