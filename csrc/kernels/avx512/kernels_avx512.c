@@ -390,12 +390,12 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
             _mm512_storeu_ps((c) + r_ * (ldc) + 16 * w_, x_[w_]);                            \
     }
 
-/* vector w of the walks' scales and offsets (s, o: a grid's; cs, fs, co, fo: a factored
- * grid's block, its products made as FACTORED16 makes them) */
+/* vector w of the walks' scales and offsets (s, o: a grid's), and of a factored grid's
+ * super-block factors (fs, fo) */
 #define GRID16_S_(w) LOAD16_SCALES(s + 16 * (w))
 #define GRID16_O_(w) LOAD16_SCALES(o + 16 * (w))
-#define FACTORED16_S_(w) FACTORED16_V(cs + 16 * (w), fs + 16 * (w))
-#define FACTORED16_O_(w) FACTORED16_V(co + 16 * (w), fo + 16 * (w))
+#define FACTORS16_S_(w) _mm512_loadu_ps(fs + 16 * (w))
+#define FACTORS16_O_(w) _mm512_loadu_ps(fo + 16 * (w))
 
 /* The walk over a group on a grid for RR rows (GROUP of NM_DEFINE_NIBBLE_FORMATS):
  * NM_NIBBLE_SLIVERS_'s parameters, of which it reads ST and NIBBLES (its _STRIDED decode),
@@ -421,10 +421,27 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
 
+/* dst (64-byte aligned) gets a block's 128 products f[x] * (float)cp[x], FACTORED16_V's, in
+ * the strided order, from f, the super-block's 128 factors already in that order: the block's
+ * int8 codes are read as the weights are (two vectors of 16 dwords, lane i of half h holding
+ * columns 64h + 4i to 64h + 4i + 3), a code brought to the top byte and sign-extended by two
+ * shifts, where widening and permuting per block took the pipes the FMAs use */
+static inline void stage_strided_factored128(float *dst, const int8_t *cp, const float *f) {
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * h));
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; ++q) {
+            const __m512i code = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24);
+            _mm512_store_ps(dst + 16 * (4 * h + q),
+                            _mm512_mul_ps(_mm512_load_ps(f + 16 * (4 * h + q)),
+                                          _mm512_cvtepi32_ps(code)));
+        }
+    }
+}
+
 /* The same on a factored grid (the q4_1 form's GROUP of NM_DEFINE_FACTORED_GEMVS):
- * NM_FACTORED_NIBBLE_SLIVERS_'s parameters; each block's scales and offsets made as that
- * walk makes them (FACTORED, which is FACTORED16: its products FACTORED16_V, in registers),
- * then put in the strided order */
+ * NM_FACTORED_NIBBLE_SLIVERS_'s parameters; each block's scales and offsets are the products
+ * that walk makes (FACTORED, which is FACTORED16: FACTORED16_V's), made in the strided order
+ * from the super-block's factors, put in that order once per super-block */
 #define NIBBLE_STRIDED_FACTORED_GROUP(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA,   \
                                       NIBBLES, DEQ, FACTORED)                                \
     _Static_assert((RR) <= 2 && (GG) * (NRW) == 128 && (L) == 16, "1 or 2 rows, 128 columns"); \
@@ -433,13 +450,20 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
+        _Alignas(64) float fs_[128], fo_[128]; /* the super-block's factors, strided */     \
+        STAGE_STRIDED128(fs_, FACTORS16_S_);                                                 \
+        STAGE_STRIDED128(fo_, FACTORS16_O_);                                                 \
         for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
             _Alignas(64) float sc_[128], of_[128];                                           \
-            STAGE_STRIDED128(sc_, FACTORED16_S_);                                            \
-            STAGE_STRIDED128(of_, FACTORED16_O_);                                            \
+            stage_strided_factored128(sc_, cs, fs_);                                         \
+            stage_strided_factored128(of_, co, fo_);                                         \
             for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r)                \
                 NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
+            if (left_ == per_super) { /* fs and fo stepped to the next super-block */        \
+                STAGE_STRIDED128(fs_, FACTORS16_S_);                                         \
+                STAGE_STRIDED128(fo_, FACTORS16_O_);                                         \
+            }                                                                                \
         }                                                                                    \
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
