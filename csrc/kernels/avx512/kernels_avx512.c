@@ -23,8 +23,9 @@
  * walks read one stream of weights for four slivers (nm_pack_width; docs/kernels.md,
  * "Groups of slivers") */
 #define PACK_WIDTH (4 * NR)
-/* no software prefetch in the packed m <= 2 walks (NM_PACKED_GEMV_PREFETCH): not timed on a
- * CPU with this row since the avx2 row took one */
+/* no software prefetch in the packed m <= 2 walks (NM_PACKED_GEMV_PREFETCH): on a Zen 4,
+ * 1024 to 4096 bytes ahead gained the 4-bit walks 1-9 % on one thread and lost on two, and
+ * lost the byte walks 0-5 % on one (docs/results/gemv-prefetch-avx512-zen4-2026-12-06.txt) */
 #define PACKED_GEMV_AHEAD 0
 
 /* ---- loading 16 weights as float32 (B may sit at any byte address) ------------------ */
