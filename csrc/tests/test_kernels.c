@@ -651,6 +651,13 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
         /* k past two chunks of a factored grid's packed walks (NM_FACTORED_CHUNK_ROWS) */
         run_case(row, ref, fmt, 1, 200, 1100, START_BIAS, 2);
         run_case(row, ref, fmt, 2, 130, 1100, START_ACCUMULATE, 1);
+        /* two whole groups of 128 columns and a tail on one thread, for one row and two: the
+         * group walks through several super-blocks of a factored grid (three draws of the
+         * grid's kind each) */
+        for (int draw = 0; draw < 3; ++draw) {
+            run_case(row, ref, fmt, 1, 300, 1100, START_ACCUMULATE, 1);
+            run_case(row, ref, fmt, 2, 290, 1100, START_ZERO, 1);
+        }
         /* more rows than one packed A block (2048): the block edge, on 7 threads (3 column
          * parts x 2 row parts) */
         run_case(row, ref, fmt, 2053, 200, 19, START_ACCUMULATE, 7);
