@@ -7,7 +7,9 @@
  * It was written on a machine without AVX-512 and is verified bit for bit in an
  * instruction-set emulator (tests/test_avx512_emulated.py, Bochs through bochscpu); its
  * blocking (8 x 32 tile, kc = 128) is chosen from the cache sizes of AVX-512 cores. First
- * timed on an AMD EPYC Zen 4 (docs/results/bench-avx512-zen4-2026-12-01.txt), not tuned. */
+ * timed on an AMD EPYC Zen 4 (docs/results/bench-avx512-zen4-2026-12-01.txt); its block
+ * formats' m <= 2 walks were tuned on Zen 4 and Zen 5 cores since (docs/kernels.md, "The
+ * block formats' speed"). */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -91,14 +93,14 @@ static inline __m512 load16_q5_1(const uint8_t *p) {
 
 #define FMADD16(acc, x, y) _mm512_fmadd_ps(x, y, acc)
 
-/* m == 2 (gemv2): the avx2 row's walk (untimed: no AVX-512 here) */
+/* m == 2 (gemv2): the avx2 row's walk (timed in the benches, not tuned for this row) */
 NM_DEFINE_ROW_MAJOR_GEMVS(avx512, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
                           _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
                           load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
                           FMADD16, PREFETCH_T0, load1_fp16_f16c, SCALE16)
 
 /* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
- * one row and for two (16 accumulators of the 32 registers; untimed: no AVX-512 here) */
+ * one row and for two (16 accumulators of the 32 registers) */
 /* slivers the packed gemvs walk at a time (NM_DEFINE_PACKED_GEMVS): 16-bit and f32 weights
  * at m = 1 and m = 2, then the FP8 formats at m = 1 and m = 2 */
 #define PACKED_SLIVERS_M1 4
