@@ -376,13 +376,13 @@ static void sliver_block(const matmul_job *job, int64_t pc, int64_t kc, int64_t 
  * group of slivers outside, its slivers inside each k block). A group's rows are then one
  * contiguous stream from its first k block to its last, which the hardware prefetchers
  * follow from block to block, and its few C tiles stay in L1 across the k blocks. A is
- * packed once for all of k and read from L2. Not for the 4-bit formats: they
- * measured faster with the k blocks outside at m = 4 to 16, with the first tile a block of
- * scales at a time and again with it through a k block in one call (docs/kernels.md, "The
- * block formats' speed": 0.87-0.92x slivers outside at m = 16); the other
- * formats that do (long_k_blocks) take it up to the row's blocked_outer_rows: one tile's
- * rows, two on the avx512 row (against k blocks outside, m = 9 to 16 on a Zen 4: 1.03-1.17x
- * there, 0.96-1.01x on the avx2 row). */
+ * packed once for all of k and read from L2. The formats under blocks of scales shorter
+ * than kc (long_k_blocks) take it up to the row's byte_outer_rows, the 4-bit formats up to
+ * its nibble_outer_rows: on a Zen 5 the 4-bit formats ran faster with the k blocks outside
+ * at m = 4 to 16 and Q8_0 at m = 16 (docs/kernels.md, "The block formats' speed"); on a
+ * Zen 4 since, the avx512 row ran both faster with slivers outside at m = 7 to 16, so that
+ * row takes it for two tiles' rows of either; the others keep it for one tile's rows of a
+ * byte format and never for the 4-bit ones (nm_fill_row_*). */
 static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
                         int64_t j_begin, int64_t j_end) {
     const nm_isa_kernels *isa = job->isa;
@@ -390,10 +390,10 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     const int64_t mc_max = min64(i_end - i_begin, NM_A_BLOCK_ROWS / mr * mr);
     const int64_t mc_pad = (mc_max + mr - 1) / mr * mr;
     const int64_t a_all_floats = mc_pad * ((k + kc_max - 1) / kc_max * kc_max);
-    const int64_t outer_rows =
-        job->long_k_blocks ? isa->blocked_outer_rows : NM_SLIVER_OUTER_ROWS;
-    const int sliver_outer = job->packed && nm_format_table[job->fmt].kpack == 1 &&
-                             i_end - i_begin <= outer_rows &&
+    const int64_t outer_rows = nm_format_table[job->fmt].kpack > 1 ? isa->nibble_outer_rows
+                               : job->long_k_blocks ? isa->byte_outer_rows
+                                                    : NM_SLIVER_OUTER_ROWS;
+    const int sliver_outer = job->packed && i_end - i_begin <= outer_rows &&
                              a_all_floats <= NM_SLIVER_OUTER_A_FLOATS;
     const int64_t a_floats = sliver_outer ? a_all_floats : mc_pad * kc_max;
     const size_t a_bytes = (size_t)a_floats * sizeof(float);

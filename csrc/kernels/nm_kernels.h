@@ -237,9 +237,10 @@ typedef struct nm_isa_kernels {
     int pack_width;       /* packed byte formats' groups: pack_width / nr slivers side by side
                            * (nm_pack_width in narrowmm.h) */
     int64_t kc;           /* k block the frame uses with this row (a sliver is kc x nr) */
-    int blocked_outer_rows; /* packed weights with blocks of scales shorter than kc: the
-                             * tiled path walks slivers outside, k blocks inside, up to this
-                             * many rows (matmul_tiled in frame/matmul.c) */
+    /* Packed weights: the tiled path walks slivers outside, k blocks inside, up to this many
+     * rows (matmul_tiled in frame/matmul.c), for the formats of a byte or more a weight under
+     * blocks of scales shorter than kc, and for the 4-bit formats (0: never) */
+    int byte_outer_rows, nibble_outer_rows;
     nm_gemv_fn gemv[NM_MATMUL_SLOTS];
     const char *gemv_name[NM_MATMUL_SLOTS];
     nm_gemv2_fn gemv2[NM_MATMUL_SLOTS];

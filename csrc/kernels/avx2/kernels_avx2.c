@@ -781,8 +781,10 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     row->nr = NR;
     row->pack_width = PACK_WIDTH;
     row->kc = 256; /* a 24 KiB sliver, which the tiles below the first reuse from L1 */
-    /* one tile's rows: two (m = 9 to 16) ran Q8_0 and Q6_K 0.96-1.01x on a Zen 4 */
-    row->blocked_outer_rows = MR;
+    /* slivers outside for one tile's rows of a byte format (two, m = 9 to 16, ran Q8_0 and
+     * Q6_K 0.96-1.01x on a Zen 4), never for the 4-bit ones (0.93-1.18x, median about 1.06x,
+     * with k blocks outside on a Zen 5: docs/kernels.md) */
+    row->byte_outer_rows = MR, row->nibble_outer_rows = 0;
     NM_SET_MATMUL_SLOTS(row, gemv, avx2);
     NM_SET_MATMUL_SLOTS(row, gemv2, avx2);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx2);

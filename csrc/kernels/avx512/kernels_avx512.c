@@ -620,9 +620,10 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     row->nr = NR;
     row->pack_width = PACK_WIDTH;
     row->kc = 128; /* a 16 KiB sliver and a 4 KiB A micro-panel stay in a 32 KiB L1 */
-    /* two tiles' rows: Q8_0, Q6_K and Q5_0 at m = 9 to 16 ran 1.03-1.17x as fast as with the
-     * k blocks outside on a Zen 4 (docs/results/byte-sliver-outer-zen4-2026-12-06.txt) */
-    row->blocked_outer_rows = 2 * MR;
+    /* slivers outside for two tiles' rows of every block format: on a Zen 4, against the k
+     * blocks outside, Q8_0, Q6_K and Q5_0 at m = 9 to 16 ran 1.03-1.17x, Q4_0, Q4_1 and Q4_K
+     * at m = 7 to 16 mostly 1.03-1.20x (docs/results/byte-sliver-outer-zen4-2026-12-06.txt) */
+    row->byte_outer_rows = 2 * MR, row->nibble_outer_rows = 2 * MR;
     NM_SET_MATMUL_SLOTS(row, gemv, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv2, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx512);

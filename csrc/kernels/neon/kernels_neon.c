@@ -286,7 +286,8 @@ NM_ROW_FILL void nm_fill_row_neon(nm_isa_kernels *row) {
     row->nr = NR;
     row->pack_width = PACK_WIDTH;
     row->kc = 256;
-    row->blocked_outer_rows = MR; /* one tile's rows (not timed on an Arm core) */
+    /* as the avx2 row (not timed on an Arm core) */
+    row->byte_outer_rows = MR, row->nibble_outer_rows = 0;
     NM_SET_MATMUL_SLOTS(row, gemv, neon);
     NM_SET_MATMUL_SLOTS(row, gemv2, neon);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, neon);
