@@ -399,6 +399,12 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
 #define GRID16_O_(w) LOAD16_SCALES(o + 16 * (w))
 #define FACTORS16_S_(w) _mm512_loadu_ps(fs + 16 * (w))
 #define FACTORS16_O_(w) _mm512_loadu_ps(fo + 16 * (w))
+/* the super-block's factors at fs and fo, into the strided order at fs_ and fo_ */
+#define STAGE_STRIDED_FACTORS_(fs_, fo_)                                                     \
+    do {                                                                                     \
+        STAGE_STRIDED128(fs_, FACTORS16_S_);                                                 \
+        STAGE_STRIDED128(fo_, FACTORS16_O_);                                                 \
+    } while (0)
 
 /* The walk over a group on a grid for RR rows (GROUP of NM_DEFINE_NIBBLE_FORMATS):
  * NM_NIBBLE_SLIVERS_'s parameters, of which it reads ST and NIBBLES (its _STRIDED decode),
@@ -454,8 +460,7 @@ static inline void stage_strided_factored128(float *dst, const int8_t *cp, const
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
         _Alignas(64) float fs_[128], fo_[128]; /* the super-block's factors, strided */     \
-        STAGE_STRIDED128(fs_, FACTORS16_S_);                                                 \
-        STAGE_STRIDED128(fo_, FACTORS16_O_);                                                 \
+        STAGE_STRIDED_FACTORS_(fs_, fo_);                                                    \
         for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
             _Alignas(64) float sc_[128], of_[128];                                           \
             stage_strided_factored128(sc_, cs, fs_);                                         \
@@ -463,10 +468,8 @@ static inline void stage_strided_factored128(float *dst, const int8_t *cp, const
             for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r)                \
                 NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
-            if (left_ == per_super) { /* fs and fo stepped to the next super-block */        \
-                STAGE_STRIDED128(fs_, FACTORS16_S_);                                         \
-                STAGE_STRIDED128(fo_, FACTORS16_O_);                                         \
-            }                                                                                \
+            if (left_ == per_super) /* fs and fo stepped to the next super-block */          \
+                STAGE_STRIDED_FACTORS_(fs_, fo_);                                            \
         }                                                                                    \
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
