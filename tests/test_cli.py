@@ -8,6 +8,7 @@ import pytest
 
 import narrowmm as nm
 from narrowmm.cli import main
+from narrowmm.providers.native import core
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -150,6 +151,8 @@ def test_bench_times_the_gguf_block_types_on_request(tmp_path):
     assert out.returncode == 0, out.stderr
     assert_run_line(out.stdout, "1", ("numpy", "torch", "ml_dtypes"))
     assert "; threads 1; cache cold; L3 " in out.stdout.splitlines()[0]
+    outer = core().get_sliver_outer_a_bytes() >> 10
+    assert f" MiB; slivers outside up to {outer} KiB of A;" in out.stdout.splitlines()[0]
     doc = json.loads(path.read_text())
     assert {r["format"] for r in doc["results"]} == {"q4_k", "q5_0", "q6_k", "q5_k", "q5_1",
                                                      "bf16"}

@@ -78,3 +78,28 @@ def test_good_isa_is_applied_and_reported():
     info = run(["-m", "narrowmm", "info"], NARROWMM_ISA="scalar")
     assert "isa:       scalar  (forced by NARROWMM_ISA=scalar)" in info.stdout
     assert "PROBLEM" not in info.stdout
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "1.5", str((1 << 20) + 1)])
+def test_bad_sliver_outer_limit_is_shown_by_info_and_fails_the_first_call(value):
+    info = run(["-m", "narrowmm", "info"], NARROWMM_SLIVER_OUTER_KIB=value)
+    assert info.returncode == 0, info.stderr
+    assert (f"PROBLEM:   NARROWMM_SLIVER_OUTER_KIB='{value}' must be an integer in 0..1048576"
+            in info.stdout)
+    out = run(["-c", CALL], NARROWMM_SLIVER_OUTER_KIB=value)
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("narrowmm._environ.EnvironmentVariableError: "
+                           f"NARROWMM_SLIVER_OUTER_KIB='{value}'"), last
+
+
+def test_good_sliver_outer_limit_is_applied_and_reported():
+    probe = ("import narrowmm, narrowmm.providers.native as n;"
+             "print(n.core().get_sliver_outer_a_bytes())")
+    assert run(["-c", probe], NARROWMM_SLIVER_OUTER_KIB="300").stdout.split() == ["307200"]
+    assert run(["-c", probe], NARROWMM_SLIVER_OUTER_KIB="0").stdout.split() == ["0"]
+    default = run(["-c", probe]).stdout.split()
+    assert default == [str(core().sliver_outer_a_default())]
+    info = run(["-m", "narrowmm", "info"], NARROWMM_SLIVER_OUTER_KIB="300")
+    assert ("while A takes at most 300 KiB (forced by NARROWMM_SLIVER_OUTER_KIB=300)"
+            in info.stdout)
+    assert "PROBLEM" not in info.stdout

@@ -1,5 +1,7 @@
 """Packed weights (Weights.pack): the same bits as the row-major matrix, on every row."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import ALL_FORMATS, ISAS, NARROW, PROVIDERS, assert_same_bits, random_weights
@@ -28,8 +30,9 @@ def _scalar_reference(x, w):
 # rows and k blocks outside beyond (the byte formats' groups: 3 to 6 rows as pairs); n:
 # around every sliver width (8, 24, 32), a four-sliver group (96) and thread grains; k: 0,
 # tiny, across the k blocks (128, 256). Then: rows split into parts (one column grain), and
-# 16 rows whose A for all of k (8448) passes 512 KiB, which sends them back to k blocks
-# outside.
+# 16 rows whose A for all of k (8448: 528 KiB) passes a 512 KiB limit on it, which sends
+# them back to k blocks outside (the limit is the core's L2: test_the_sliver_order_limit_*
+# sets it each side).
 SHAPES = ([(m, 300, 200) for m in (1, 2, 4, 5, 9, 16, 17, 31)]
           + [(1, 37, n) for n in (*range(1, 50), 95, 96, 97, 127, 128, 129, 1100)]
           + [(5, 64, n) for n in (1, 7, 8, 9, 23, 24, 25, 33, 71, 97)]
@@ -52,6 +55,50 @@ def test_packed_gives_the_scalar_bits_on_every_row_and_thread_count(fmt):
                 nm.set_num_threads(threads)
                 for (x, _), p, expected in zip(cases, packed, want, strict=True):
                     assert_same_bits(nm.matmul(x, p), expected)
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_the_sliver_order_limit_changes_no_bit(fmt):
+    """The limit on A for walking slivers outside the k blocks (NARROWMM_SLIVER_OUTER_KIB)
+    picks the loop order, never the bits: 0 (k blocks outside), 512 KiB and 1 MiB each side
+    of 16 rows' A for k = 8448 (528 KiB), on every row and on 1 and 3 threads."""
+    rng = np.random.default_rng(5)
+    cases = [(rng.standard_normal((m, k)).astype(np.float32), random_weights(rng, k, n, fmt))
+             for m, k, n in ((16, 8448, 40), (9, 1000, 300), (4, 600, 70))]
+    want = [_scalar_reference(x, w) for x, w in cases]
+    before = core().get_sliver_outer_a_bytes()
+    try:
+        for isa in ISAS:
+            with use_isa(isa):
+                packed = [w.pack() for _, w in cases]
+                for limit in (0, 512 << 10, 1 << 20):
+                    core().set_sliver_outer_a_bytes(limit)
+                    assert core().get_sliver_outer_a_bytes() == limit
+                    for threads in (1, 3):
+                        nm.set_num_threads(threads)
+                        for (x, _), p, expected in zip(cases, packed, want, strict=True):
+                            assert_same_bits(nm.matmul(x, p), expected)
+    finally:
+        core().set_sliver_outer_a_bytes(before)
+
+
+def test_the_sliver_order_limit_defaults_to_the_l2_within_the_measured_sizes():
+    c = core()
+    l2 = c.l2_cache_bytes()
+    assert l2 >= 0
+    assert c.sliver_outer_a_default() == min(max(l2, 512 << 10), 1 << 20)
+    # the C core's reading of Linux's sysfs against one in Python
+    caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"))
+    sizes = [d / "size" for d in caches
+             if (d / "level").read_text().strip() == "2"
+             and (d / "type").read_text().strip() != "Instruction"]
+    if sizes:
+        text = sizes[0].read_text().strip()
+        assert l2 == int(text.rstrip("KM")) << {"K": 10, "M": 20}.get(text[-1], 0), text
+    with pytest.raises(ValueError, match="sliver_outer_a_bytes must be >= 0"):
+        c.set_sliver_outer_a_bytes(-5)
+    with pytest.raises(TypeError):
+        c.set_sliver_outer_a_bytes("1")
 
 
 @pytest.mark.parametrize("fmt", NARROW)

@@ -1,6 +1,8 @@
 /* narrowmm: what this CPU (and its OS) can run. */
 #include "../include/narrowmm.h"
 
+#include <stdlib.h>
+
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -76,4 +78,45 @@ unsigned nm_cpu_features(void) {
     f |= NM_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */
 #endif
     return f;
+}
+
+#if defined(__linux__)
+#include <stdio.h>
+#include <string.h>
+
+/* The first line of a sysfs file, "" if it cannot be read. */
+static void read_line(const char *path, char *out, size_t size) {
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (!fgets(out, (int)size, f)) out[0] = '\0';
+    fclose(f);
+    out[strcspn(out, "\n")] = '\0';
+}
+#endif
+
+int64_t nm_l2_cache_bytes(void) {
+#if defined(__linux__)
+    /* The kernel lists CPU 0's caches as index0..indexN (a hybrid CPU's other cores may
+     * differ: CPU 0 stands for all). */
+    for (int i = 0; i < 16; ++i) {
+        char path[96], level[16], type[32], size[32];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        read_line(path, level, sizeof level);
+        if (!level[0]) break;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        read_line(path, type, sizeof type);
+        if (strcmp(level, "2") != 0 || strcmp(type, "Instruction") == 0) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        read_line(path, size, sizeof size);
+        char *end = NULL;
+        long long value = strtoll(size, &end, 10);
+        if (end == size || value <= 0 || value > (1LL << 30)) return 0;
+        if (*end == 'K') value <<= 10;
+        else if (*end == 'M') value <<= 20;
+        else if (*end != '\0') return 0;
+        return (int64_t)value;
+    }
+#endif
+    return 0;
 }

@@ -44,12 +44,17 @@ const nm_format_info nm_format_table[NM_FMT_COUNT] = {
 /* At most this many rows of A are packed at once (2 MiB with kc = 256). Up to this m each
  * weight is decoded once per call; beyond it, once per block of this many rows. */
 #define NM_A_BLOCK_ROWS 2048
-/* Packed weights with at most this many rows per part, whose A for all of k takes at most
- * 512 KiB (one L2), run the slivers outside the k blocks (matmul_tiled). Measured on avx2
- * (2 builds in one process, cold weights): m = 4 1.12-1.29x, m = 8 1.07-1.13x, m = 16
- * 0.98-1.07x, but m = 32 0.95-1.05x and m = 16 with k = 14336 (896 KiB of A) 0.97-0.99x. */
+/* Packed weights with at most this many rows per part, whose A for all of k fits
+ * nm_get_sliver_outer_a_bytes(), run the slivers outside the k blocks (matmul_tiled).
+ * Measured on avx2 (2 builds in one process, cold weights): m = 4 1.12-1.29x, m = 8
+ * 1.07-1.13x, m = 16 0.98-1.07x, but m = 32 0.95-1.05x and m = 16 with k = 14336 (896 KiB
+ * of A, past a Zen 3's 512 KiB L2) 0.97-0.99x. */
 #define NM_SLIVER_OUTER_ROWS 16
-#define NM_SLIVER_OUTER_A_FLOATS ((int64_t)1 << 17)
+/* The default limit on that A: the core's L2 (nm_l2_cache_bytes), held within the sizes
+ * measured, from a Zen 3's 512 KiB (also the limit where the OS does not say) to a Zen 4's
+ * 1 MiB. */
+#define NM_SLIVER_OUTER_A_MIN ((int64_t)512 << 10)
+#define NM_SLIVER_OUTER_A_MAX ((int64_t)1 << 20)
 /* Packed byte formats in groups of slivers (paired_rows) run up to this many rows a part as
  * pairs through the m <= 2 walks, not as tiles, which read a sliver's quarter of each stored
  * row of its group. On an AMD EPYC Zen 4 (avx512 row, cold, 896 x 4864, one thread, against
@@ -393,8 +398,9 @@ static int matmul_tiled(const matmul_job *job, int64_t i_begin, int64_t i_end,
     const int64_t outer_rows = nm_format_table[job->fmt].kpack > 1 ? isa->nibble_outer_rows
                                : job->long_k_blocks ? isa->byte_outer_rows
                                                     : NM_SLIVER_OUTER_ROWS;
-    const int sliver_outer = job->packed && i_end - i_begin <= outer_rows &&
-                             a_all_floats <= NM_SLIVER_OUTER_A_FLOATS;
+    const int sliver_outer =
+        job->packed && i_end - i_begin <= outer_rows &&
+        a_all_floats * (int64_t)sizeof(float) <= nm_get_sliver_outer_a_bytes();
     const int64_t a_floats = sliver_outer ? a_all_floats : mc_pad * kc_max;
     const size_t a_bytes = (size_t)a_floats * sizeof(float);
     const size_t b_bytes = (size_t)(kc_max * nr) * sizeof(float);
@@ -791,6 +797,31 @@ static _Atomic int64_t wake_min_work = NM_WAKE_MIN_WORK;
 void nm_set_wake_min_work(int64_t work) { atomic_store(&wake_min_work, work < 0 ? 0 : work); }
 
 int64_t nm_get_wake_min_work(void) { return atomic_load(&wake_min_work); }
+
+/* -1 until the first read or a reset: the default, from the L2 the OS reports */
+static _Atomic int64_t sliver_outer_a_bytes = -1;
+
+int64_t nm_sliver_outer_a_default(void) {
+    const int64_t l2 = nm_l2_cache_bytes();
+    return l2 < NM_SLIVER_OUTER_A_MIN ? NM_SLIVER_OUTER_A_MIN
+           : l2 > NM_SLIVER_OUTER_A_MAX ? NM_SLIVER_OUTER_A_MAX
+                                        : l2;
+}
+
+void nm_set_sliver_outer_a_bytes(int64_t bytes) {
+    atomic_store(&sliver_outer_a_bytes, bytes < 0 ? nm_sliver_outer_a_default() : bytes);
+}
+
+int64_t nm_get_sliver_outer_a_bytes(void) {
+    int64_t bytes = atomic_load(&sliver_outer_a_bytes);
+    if (bytes < 0) {
+        /* a set() between the load and here wins: the exchange fails and returns its value */
+        int64_t unset = -1;
+        bytes = nm_sliver_outer_a_default();
+        if (!atomic_compare_exchange_strong(&sliver_outer_a_bytes, &unset, bytes)) bytes = unset;
+    }
+    return bytes;
+}
 
 /* Split a job across threads only if the workers are awake or the job pays for waking them.
  * Where a part runs never changes a bit. */

@@ -244,6 +244,14 @@ int nm_llama_step(const nm_isa_kernels *row, const nm_llama *model, nm_llama_cac
 void nm_set_wake_min_work(int64_t work);
 int64_t nm_get_wake_min_work(void);
 
+/* The most bytes of packed A (all of k, the rows of a part padded to MR) with which the
+ * tiled path walks packed weights' slivers outside the k blocks (frame/matmul.c,
+ * matmul_tiled). Negative restores the default, nm_sliver_outer_a_default(); 0 never walks
+ * them outside. The order changes no bit, only the time. */
+void nm_set_sliver_outer_a_bytes(int64_t bytes);
+int64_t nm_get_sliver_outer_a_bytes(void);
+int64_t nm_sliver_outer_a_default(void);
+
 /* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
  * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
  * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */
@@ -275,6 +283,10 @@ extern const nm_feature_name nm_feature_names[];
 extern const int nm_feature_count;
 
 unsigned nm_cpu_features(void);
+
+/* The bytes of one core's level-2 data cache as the OS reports it (Linux's sysfs, CPU 0),
+ * 0 where it does not. */
+int64_t nm_l2_cache_bytes(void);
 
 /* The ISA rows compiled into this build, best first. */
 typedef struct nm_isa_entry {

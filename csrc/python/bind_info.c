@@ -268,6 +268,43 @@ PyObject *py_get_wake_min_work(PyObject *self, PyObject *noargs) {
     return PyLong_FromLongLong((long long)nm_get_wake_min_work());
 }
 
+/* set_sliver_outer_a_bytes(n or None): the most bytes of packed A with which the tiled
+ * path walks packed weights' slivers outside the k blocks; None restores the default */
+PyObject *py_set_sliver_outer_a_bytes(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (arg == Py_None) {
+        nm_set_sliver_outer_a_bytes(-1);
+        Py_RETURN_NONE;
+    }
+    const long long bytes = PyLong_AsLongLong(arg);
+    if (bytes == -1 && PyErr_Occurred()) return NULL;
+    if (bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "sliver_outer_a_bytes must be >= 0 (or None), got %lld",
+                     bytes);
+        return NULL;
+    }
+    nm_set_sliver_outer_a_bytes((int64_t)bytes);
+    Py_RETURN_NONE;
+}
+
+PyObject *py_get_sliver_outer_a_bytes(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)nm_get_sliver_outer_a_bytes());
+}
+
+PyObject *py_sliver_outer_a_default(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)nm_sliver_outer_a_default());
+}
+
+PyObject *py_l2_cache_bytes(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLongLong((long long)nm_l2_cache_bytes());
+}
+
 PyObject *py_set_spin_ns(PyObject *self, PyObject *arg) {
     (void)self;
     const long long ns = PyLong_AsLongLong(arg);

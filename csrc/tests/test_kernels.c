@@ -664,10 +664,17 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
         /* one column grain: the rows are split instead, in ragged MR-row ranges */
         run_case(row, ref, fmt, 101, 30, 300, START_BIAS, 3);
         /* few rows: packed weights run the slivers outside the k blocks, here with the rows
-         * split into parts; then 16 rows whose A for all of k passes 512 KiB, which sends
-         * them back to the k blocks outside */
+         * split into parts; then 16 rows whose A for all of k (528 KiB) passes a 512 KiB
+         * limit, which sends them back to the k blocks outside, and fits a 1 MiB one; then
+         * 4 rows with a limit of 0 (the k blocks outside) */
         run_case(row, ref, fmt, 12, 30, 1000, START_ACCUMULATE, 3);
+        nm_set_sliver_outer_a_bytes(512 << 10);
         run_case(row, ref, fmt, 16, 40, 8448, START_ZERO, 2);
+        nm_set_sliver_outer_a_bytes(1 << 20);
+        run_case(row, ref, fmt, 16, 40, 8448, START_BIAS, 2);
+        nm_set_sliver_outer_a_bytes(0);
+        run_case(row, ref, fmt, 4, 70, 600, START_ACCUMULATE, 2);
+        nm_set_sliver_outer_a_bytes(-1);
     }
     /* a chain starts from one value: a bias with accumulate is refused, C untouched */
     float a1[2] = {1.0f, 2.0f}, c1[2] = {GUARD, GUARD}, bias1[2] = {3.0f, 4.0f};

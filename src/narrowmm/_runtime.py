@@ -90,6 +90,14 @@ def runtime_info() -> dict[str, Any]:
                      for n, s, miss in (c.isa_rows() if c else [])],
         "threads": get_num_threads(),
         "wake_min_work": c.get_wake_min_work() if c else None,
+        # packed weights at few rows: slivers outside the k blocks while A for all of k
+        # fits this many bytes (NARROWMM_SLIVER_OUTER_KIB, else the core's L2 held within
+        # 512 KiB..1 MiB)
+        "sliver_outer_a_bytes": c.get_sliver_outer_a_bytes() if c else None,
+        "sliver_outer_forced": (None if "NARROWMM_SLIVER_OUTER_KIB" in _environ.problems()
+                                else os.environ.get("NARROWMM_SLIVER_OUTER_KIB", "").strip()
+                                or None),
+        "l2_cache_bytes": c.l2_cache_bytes() if c else None,
         "spin_ns": c.get_spin_ns() if c else None,
         "omp_team": bool(c.omp_team()) if c else False,
         # the packed width of a 16-bit format, then of a byte one (Weights.pack)
@@ -150,6 +158,13 @@ def show_runtime(as_json: bool = False) -> None:
     elif spin is not None and info["threads"] > 1:
         rule += f"; workers spin {spin / 1000:g} us after a call before they sleep"
     print(f"threads:   {info['threads']}{rule}")
+    if info["sliver_outer_a_bytes"] is not None:
+        l2 = info["l2_cache_bytes"]
+        source = (f"forced by NARROWMM_SLIVER_OUTER_KIB={info['sliver_outer_forced']}"
+                  if info["sliver_outer_forced"]
+                  else f"this core's L2: {l2 >> 10} KiB" if l2 else "the L2 size is unknown")
+        print(f"tiling:    packed weights at few rows walk slivers outside the k blocks "
+              f"while A takes at most {info['sliver_outer_a_bytes'] >> 10} KiB ({source})")
     if info["pack_width"]:
         wide, byte = info["pack_width"]
         print(f"packing:   Weights.pack() makes {wide}-column slivers for this row "

@@ -541,8 +541,12 @@ def main(args: Any) -> int:
         raise SystemExit("narrowmm bench needs the native core, which did not load")
     cfg = build_config(args)
     info = runtime_info()
+    # the A limit for the slivers-outside order on packed weights (frame/matmul.c)
+    outer = (f"slivers outside up to {info['sliver_outer_a_bytes'] >> 10} KiB of A"
+             + (" (NARROWMM_SLIVER_OUTER_KIB)" if info["sliver_outer_forced"] else ""))
     print(run_line(cfg.threads, KERNEL_PEERS, isas=cfg.isas,
-                   details=(f"cache {', '.join(cfg.caches)}", f"L3 {l3_bytes() >> 20} MiB")))
+                   details=(f"cache {', '.join(cfg.caches)}", f"L3 {l3_bytes() >> 20} MiB",
+                            outer)))
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]
     if set_vars:
         print(f"note: {', '.join(f'{v}={os.environ[v]}' for v in set_vars)} is set and slows "

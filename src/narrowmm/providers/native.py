@@ -51,16 +51,46 @@ def apply_isa_environment() -> None:
                                     f"narrowmm choose the best row")
 
 
+SLIVER_OUTER_MAX_KIB = 1 << 20
+
+
+def apply_sliver_outer_environment() -> None:
+    """Apply ``NARROWMM_SLIVER_OUTER_KIB``, if set: the most KiB of packed A with which the
+    tiled path walks packed weights' slivers outside the k blocks (0: never; unset: the
+    core's L2 within 512 KiB..1 MiB). The order changes the time, never a bit: tests and
+    benchmarks force it. A bad value is recorded like a bad ``NARROWMM_ISA``."""
+    _environ.forget("NARROWMM_SLIVER_OUTER_KIB")
+    value = os.environ.get("NARROWMM_SLIVER_OUTER_KIB", "").strip()
+    if _core is None:
+        return
+    if not value:
+        _core.set_sliver_outer_a_bytes(None)
+        return
+    try:
+        kib = int(value)
+    except ValueError:
+        kib = -1
+    if not 0 <= kib <= SLIVER_OUTER_MAX_KIB:
+        _environ.record("NARROWMM_SLIVER_OUTER_KIB",
+                        f"NARROWMM_SLIVER_OUTER_KIB={value!r} must be an integer in "
+                        f"0..{SLIVER_OUTER_MAX_KIB} (KiB of packed A); unset it for the "
+                        f"default, {_core.sliver_outer_a_default() >> 10} KiB here")
+        _core.set_sliver_outer_a_bytes(None)
+        return
+    _core.set_sliver_outer_a_bytes(kib << 10)
+
+
 def checked_core():
     """The loaded ``_core`` module, after checking the environment that configures it.
 
     Raises:
         RuntimeError: the extension did not load.
-        EnvironmentVariableError: ``NARROWMM_ISA`` or ``NARROWMM_NUM_THREADS`` is invalid.
+        EnvironmentVariableError: ``NARROWMM_ISA``, ``NARROWMM_NUM_THREADS`` or
+            ``NARROWMM_SLIVER_OUTER_KIB`` is invalid.
     """
     if _core is None:
         raise RuntimeError(f"the native core is unavailable: {_IMPORT_ERROR}")
-    _environ.check("NARROWMM_ISA", "NARROWMM_NUM_THREADS")
+    _environ.check("NARROWMM_ISA", "NARROWMM_NUM_THREADS", "NARROWMM_SLIVER_OUTER_KIB")
     return _core
 
 
@@ -184,3 +214,4 @@ def describe_kernels(op: str, names: list[str], packed: list[str] | None = None)
 
 
 apply_isa_environment()
+apply_sliver_outer_environment()
