@@ -126,7 +126,11 @@ def test_a_step_holds_the_pools_workers_awake_through_its_small_layers(model):
                 got = dec.step([[t]], [[i]], [0])
                 split.append(c.parallel_jobs() - count)
                 assert torch.equal(got, want[i]), (work, i)
-        assert split[0] >= 3 * layers + 1 and split == split[:1] * 6, split
+        # held, the same jobs split but a layer's SiLU when it costs under the row ops'
+        # floor (8 a element, 16384: ops/rowops.c), which then runs on the caller
+        small_silu = 8 * inter < 16384
+        assert split[0] >= 3 * layers + 1 and split[:3] == split[:1] * 3, split
+        assert split[3:] == [split[0] - layers * small_silu] * 3, split
         # let go after the step: a small call leaves the sleeping workers asleep
         time.sleep(0.05)
         count = c.parallel_jobs()

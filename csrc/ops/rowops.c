@@ -72,12 +72,21 @@ static void rows_part(void *ctx, int part, int parts) {
  * division in double, two lanes at a time); a norm element two. */
 #define NM_SILU_COST 8.0
 #define NM_NORM_COST 2.0
+/* Below this cost a row op runs on the caller alone even while the workers spin (a decode
+ * step holds them awake, nm_pool_hold): handing parts over outlasts the work. On a Zen 4 at
+ * two threads, workers spinning, a Qwen3 head norm (16 rows of 128, cost 4096) took 0.2-1.6
+ * us less a call on the caller alone, a SiLU of 1536 0.6 us less
+ * (docs/results/row-ops-min-work-zen4-2026-12-06.txt). A wake_min_work below it (0: the
+ * tests' "split every call") lowers it too. */
+#define NM_ROWS_MIN_WORK 16384.0
 
 static int rows_run(rows_job *job, double cost_per_element) {
     if (job->rows < 0 || job->n < 0) return NM_EINVAL;
     if (job->rows == 0 || job->n == 0) return NM_OK;
     int parts = 1;
-    if (nm_worth_waking(cost_per_element * (double)job->rows * (double)job->n)) {
+    const double cost = cost_per_element * (double)job->rows * (double)job->n;
+    const double wake = (double)nm_get_wake_min_work();
+    if (cost >= (wake < NM_ROWS_MIN_WORK ? wake : NM_ROWS_MIN_WORK) && nm_worth_waking(cost)) {
         const int threads = nm_get_num_threads();
         /* a norm's rows; SiLU's runs of elements (a decode step's one row too) */
         const int64_t pieces = job->op == 1 ? job->rows * silu_runs(job->n) : job->rows;
