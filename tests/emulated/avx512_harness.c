@@ -57,6 +57,11 @@ int nm_pool_awake(void) { return 1; }
 
 long nm_parallel_jobs(void) { return 0; }
 
+/* ---- the OS ------------------------------------------------------------------------------ */
+
+/* no OS to report the L2: the frame takes its fallback limit for slivers outside (512 KiB) */
+int64_t nm_l2_cache_bytes(void) { return 0; }
+
 /* ---- the entry point ------------------------------------------------------------------------ */
 
 enum { EMU_MATMUL = 0, EMU_DECODE = 1, EMU_ENCODE = 2, EMU_MATMUL_PACKED = 3 };
