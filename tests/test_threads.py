@@ -245,38 +245,33 @@ def test_a_small_call_leaves_sleeping_workers_asleep():
 
 
 def test_row_ops_too_small_to_split_stay_on_the_caller_while_workers_spin():
-    """While the workers spin (here for 0.2 s after each call), a job is split whatever
-    its cost, except a row op (RMS norm, SiLU) under 16384 cost units, which runs on the
-    caller alone; the same bits either way. The suite's wake_min_work of 0 splits those
-    too."""
+    """While the workers are awake (held, as a decode step holds them), a job is split
+    whatever its cost, except a row op (RMS norm, SiLU) under 16384 cost units, which runs
+    on the caller alone; the same bits either way. The suite's wake_min_work of 0 splits
+    those too."""
     from narrowmm import ops
     from narrowmm.providers.native import core
 
     c = core()
-    before = c.get_wake_min_work(), c.get_spin_ns()
+    before = c.get_wake_min_work()
     rng = np.random.default_rng(2)
     heads = rng.standard_normal((16, 128)).astype(np.float32)  # norm cost 4096
     hidden = rng.standard_normal((64, 1024)).astype(np.float32)  # 131072
     row = rng.standard_normal((1, 1536)).astype(np.float32)  # SiLU cost 12288
     wide = rng.standard_normal((1, 4096)).astype(np.float32)  # 32768
+    calls = [lambda: ops.rms_norm(heads, 1e-6), lambda: ops.rms_norm(hidden, 1e-6),
+             lambda: ops.silu(row), lambda: ops.silu(wide)]
     nm.set_num_threads(1)
-    want = [ops.rms_norm(heads, 1e-6), ops.rms_norm(hidden, 1e-6), ops.silu(row),
-            ops.silu(wide)]
-    w = nm.Weights.encode(rng.standard_normal((1024, 1024)).astype(np.float32), "bf16")
-    x = np.ones((32, 1024), np.float32)
+    want = [call() for call in calls]
     nm.set_num_threads(2)
+    c.pool_hold(True)
     try:
-        c.set_wake_min_work(1 << 24)
-        c.set_spin_ns(200_000_000)
         for floor, split in ((1 << 24, [0, 1, 0, 1]), (0, [1, 1, 1, 1])):
             c.set_wake_min_work(floor)
-            nm.matmul(x, w)  # split: the workers now spin for 0.2 s
-            calls = [lambda: ops.rms_norm(heads, 1e-6), lambda: ops.rms_norm(hidden, 1e-6),
-                     lambda: ops.silu(row), lambda: ops.silu(wide)]
             for call, expected, ref in zip(calls, split, want, strict=True):
                 jobs = c.parallel_jobs()
                 assert_same_bits(call(), ref)
                 assert c.parallel_jobs() == jobs + expected, (floor, expected)
     finally:
-        c.set_wake_min_work(before[0])
-        c.set_spin_ns(before[1])
+        c.pool_hold(False)
+        c.set_wake_min_work(before)

@@ -305,6 +305,16 @@ PyObject *py_l2_cache_bytes(PyObject *self, PyObject *noargs) {
     return PyLong_FromLongLong((long long)nm_l2_cache_bytes());
 }
 
+/* pool_hold(on): nm_pool_hold, for tests: calls made between pool_hold(True) and the
+ * matching pool_hold(False) see the workers awake, as a decode step's do */
+PyObject *py_pool_hold(PyObject *self, PyObject *arg) {
+    (void)self;
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    nm_pool_hold(on);
+    Py_RETURN_NONE;
+}
+
 PyObject *py_set_spin_ns(PyObject *self, PyObject *arg) {
     (void)self;
     const long long ns = PyLong_AsLongLong(arg);

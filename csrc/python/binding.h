@@ -69,6 +69,7 @@ PyObject *py_set_sliver_outer_a_bytes(PyObject *self, PyObject *arg);
 PyObject *py_get_sliver_outer_a_bytes(PyObject *self, PyObject *noargs);
 PyObject *py_sliver_outer_a_default(PyObject *self, PyObject *noargs);
 PyObject *py_l2_cache_bytes(PyObject *self, PyObject *noargs);
+PyObject *py_pool_hold(PyObject *self, PyObject *arg);
 PyObject *py_set_spin_ns(PyObject *self, PyObject *arg);
 PyObject *py_get_spin_ns(PyObject *self, PyObject *noargs);
 PyObject *py_set_omp_team(PyObject *self, PyObject *arg);

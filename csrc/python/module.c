@@ -78,6 +78,8 @@ static PyMethodDef methods[] = {
     {"set_omp_team", py_set_omp_team, METH_O,
      "Run parallel jobs on the OpenMP team of this GOMP_parallel address (0: the pool)."},
     {"omp_team", py_omp_team, METH_NOARGS, "Whether jobs run on an OpenMP team."},
+    {"pool_hold", py_pool_hold, METH_O,
+     "Hold the pool's workers awake (True) until the matching pool_hold(False)."},
     {"set_spin_ns", py_set_spin_ns, METH_O, "How long a worker spins after a job (ns)."},
     {"get_spin_ns", py_get_spin_ns, METH_NOARGS, "See set_spin_ns."},
     {NULL, NULL, 0, NULL},
