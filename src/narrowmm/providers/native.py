@@ -61,11 +61,8 @@ def apply_sliver_outer_environment() -> None:
     benchmarks force it. A bad value is recorded like a bad ``NARROWMM_ISA``."""
     _environ.forget("NARROWMM_SLIVER_OUTER_KIB")
     value = os.environ.get("NARROWMM_SLIVER_OUTER_KIB", "").strip()
-    if _core is None:
-        return
-    if not value:
-        _core.set_sliver_outer_a_bytes(None)
-        return
+    if _core is None or not value:
+        return  # the core takes its default (the L2) at the first call that needs it
     try:
         kib = int(value)
     except ValueError:
@@ -75,7 +72,6 @@ def apply_sliver_outer_environment() -> None:
                         f"NARROWMM_SLIVER_OUTER_KIB={value!r} must be an integer in "
                         f"0..{SLIVER_OUTER_MAX_KIB} (KiB of packed A); unset it for the "
                         f"default, {_core.sliver_outer_a_default() >> 10} KiB here")
-        _core.set_sliver_outer_a_bytes(None)
         return
     _core.set_sliver_outer_a_bytes(kib << 10)
 
