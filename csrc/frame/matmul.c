@@ -809,7 +809,7 @@ int64_t nm_sliver_outer_a_default(void) {
 }
 
 void nm_set_sliver_outer_a_bytes(int64_t bytes) {
-    atomic_store(&sliver_outer_a_bytes, bytes < 0 ? nm_sliver_outer_a_default() : bytes);
+    atomic_store(&sliver_outer_a_bytes, bytes < 0 ? -1 : bytes); /* -1: the next read's default */
 }
 
 int64_t nm_get_sliver_outer_a_bytes(void) {
