@@ -381,10 +381,15 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
         }                                                                                    \
     } while (0)
 
+/* GROUP: the walk over G slivers side by side (NM_GEMV_PACKED_SLIVERS_'s parameters: it, or
+ * a row's own for a format), the _BY forms' first parameter */
 #define NM_DEFINE_GEMV_PACKED(NAME, ST, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, LOADW,    \
                               FMA, SCV)                                                      \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, ST, 1, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, \
-                            LOADW, FMA, SCV)                                                 \
+    NM_DEFINE_GEMV_PACKED_BY(NM_GEMV_PACKED_SLIVERS_, NAME, ST, ITEM, VEC, L, NRW, G, SET1,  \
+                             LOADC, STOREC, LOADW, FMA, SCV)
+#define NM_DEFINE_GEMV_PACKED_BY(GROUP, NAME, ST, ITEM, VEC, L, NRW, G, SET1, LOADC, STOREC, \
+                                 LOADW, FMA, SCV)                                            \
+    GROUP(NAME##_group_, ST, 1, G, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW, FMA, SCV)  \
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, ST, 1, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,   \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
@@ -397,8 +402,11 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * registers with the two broadcasts and a weight vector. */
 #define NM_DEFINE_GEMV2_PACKED(NAME, ST, ITEM, VEC, L, NRW, G2, SET1, LOADC, STOREC, LOADW,  \
                                FMA, SCV)                                                     \
-    NM_GEMV_PACKED_SLIVERS_(NAME##_group_, ST, 2, G2, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, \
-                            LOADW, FMA, SCV)                                                 \
+    NM_DEFINE_GEMV2_PACKED_BY(NM_GEMV_PACKED_SLIVERS_, NAME, ST, ITEM, VEC, L, NRW, G2, SET1, \
+                              LOADC, STOREC, LOADW, FMA, SCV)
+#define NM_DEFINE_GEMV2_PACKED_BY(GROUP, NAME, ST, ITEM, VEC, L, NRW, G2, SET1, LOADC,       \
+                                  STOREC, LOADW, FMA, SCV)                                   \
+    GROUP(NAME##_group_, ST, 2, G2, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW, FMA, SCV) \
     NM_GEMV_PACKED_SLIVERS_(NAME##_one_, ST, 2, 1, ITEM, VEC, L, NRW, SET1, LOADC, STOREC,   \
                             LOADW, FMA, SCV)                                                 \
     static void NAME(int64_t k, int64_t ldb, int64_t slb, int64_t n, const float *a,         \
@@ -412,14 +420,15 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
  * gemv_packed_<fmt>_<ISA> and gemv2_packed_<fmt>_<ISA>: G slivers at a time for one row,
  * G2 for two (G8, G28 for the 8-bit formats). LOADF32 ... LOADQ8: the row's LOADW for
  * each (as in NM_DEFINE_ROW_MAJOR_GEMVS); SCALEV its SCV, and SCALEH the same on binary16
- * scales, for Q8_0's packed gemvs on a binary16 grid (gemv_packed_q8_0_half_<ISA>). */
+ * scales, for Q8_0's packed gemvs on a binary16 grid (gemv_packed_q8_0_half_<ISA>);
+ * BYTE_GROUP, Q8_0's walk over a group (NM_GEMV_PACKED_SLIVERS_, or the row's own). */
 #define NM_DEFINE_PACKED_GEMVS(ISA, VEC, L, NRW, G, G2, G8, G28, SET1, LOADC, STOREC, LOADF32, \
                                LOADFP16, LOADBF16, LOADE4M3, LOADE5M2, LOADE4M3F, LOADE5M2F,  \
-                               LOADQ8, FMA, SCALEV, SCALEH)                                  \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,    \
-                          STOREC, LOADQ8, FMA, SCALEV)                                       \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G28, SET1,        \
-                           LOADC, STOREC, LOADQ8, FMA, SCALEV)                               \
+                               LOADQ8, FMA, SCALEV, SCALEH, BYTE_GROUP)                      \
+    NM_DEFINE_GEMV_PACKED_BY(BYTE_GROUP, gemv_packed_q8_0_##ISA, float, 1, VEC, L, NRW, G8,  \
+                             SET1, LOADC, STOREC, LOADQ8, FMA, SCALEV)                       \
+    NM_DEFINE_GEMV2_PACKED_BY(BYTE_GROUP, gemv2_packed_q8_0_##ISA, float, 1, VEC, L, NRW,    \
+                              G28, SET1, LOADC, STOREC, LOADQ8, FMA, SCALEV)                 \
     NM_DEFINE_GEMV_PACKED(gemv_packed_e4m3fn_finite_##ISA, float, 1, VEC, L, NRW, G8,        \
                           SET1, LOADC, STOREC, LOADE4M3F, FMA, SCALEV)                       \
     NM_DEFINE_GEMV_PACKED(gemv_packed_e5m2_finite_##ISA, float, 1, VEC, L, NRW, G8, SET1,    \
@@ -448,30 +457,30 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                            LOADC, STOREC, LOADE4M3, FMA, SCALEV)                             \
     NM_DEFINE_GEMV2_PACKED(gemv2_packed_e5m2_##ISA, float, 1, VEC, L, NRW, G28, SET1,        \
                            LOADC, STOREC, LOADE5M2, FMA, SCALEV)                             \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G8,         \
-                          SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)                          \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, NRW, G28,      \
-                           SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)
+    NM_DEFINE_GEMV_PACKED_BY(BYTE_GROUP, gemv_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L,   \
+                             NRW, G8, SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)              \
+    NM_DEFINE_GEMV2_PACKED_BY(BYTE_GROUP, gemv2_packed_q8_0_half_##ISA, uint16_t, 1, VEC, L, \
+                              NRW, G28, SET1, LOADC, STOREC, LOADQ8, FMA, SCALEH)
 
 /* Q5_1 (GGUF's Q5_1 and Q5_K, one code a byte; nm_formats.h): every slot but the first
  * tile, from the same templates as the 8-bit formats, each weight fma(q, scale, offset) with
  * one rounding. LOADU8: L unsigned bytes as float32 (exact); OFFSETV its scale and offset
  * (SCV with op), OFFSETH the same on binary16 grids; G8, G28: slivers at a time for one row
- * and two, as for Q8_0. */
+ * and two, as for Q8_0; BYTE_GROUP, the packed gemvs' walk over a group, as for Q8_0. */
 #define NM_DEFINE_Q5_1_FORMAT(ISA, VEC, L, NRW, G8, G28, SET1, LOADC, STOREC, LOADU8, FMA,   \
-                              PREFETCH, OFFSETV, OFFSETH)                                    \
+                              PREFETCH, OFFSETV, OFFSETH, BYTE_GROUP)                        \
     NM_DEFINE_GEMV_SIMD(gemv_q5_1_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADU8, FMA,        \
                         PREFETCH, nm_load1_q5_1_raw, OFFSETV, NM_OFFSET1)                    \
     NM_DEFINE_GEMV2_SIMD(gemv2_q5_1_##ISA, 1, VEC, L, SET1, LOADC, STOREC, LOADU8, FMA,      \
                          PREFETCH, nm_load1_q5_1_raw, OFFSETV, NM_OFFSET1)                   \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_q5_1_##ISA, float, 1, VEC, L, NRW, G8, SET1, LOADC,    \
-                          STOREC, LOADU8, FMA, OFFSETV)                                      \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q5_1_##ISA, float, 1, VEC, L, NRW, G28, SET1,        \
-                           LOADC, STOREC, LOADU8, FMA, OFFSETV)                              \
-    NM_DEFINE_GEMV_PACKED(gemv_packed_q5_1_half_##ISA, uint16_t, 1, VEC, L, NRW, G8,         \
-                          SET1, LOADC, STOREC, LOADU8, FMA, OFFSETH)                         \
-    NM_DEFINE_GEMV2_PACKED(gemv2_packed_q5_1_half_##ISA, uint16_t, 1, VEC, L, NRW, G28,      \
-                           SET1, LOADC, STOREC, LOADU8, FMA, OFFSETH)                        \
+    NM_DEFINE_GEMV_PACKED_BY(BYTE_GROUP, gemv_packed_q5_1_##ISA, float, 1, VEC, L, NRW, G8,  \
+                             SET1, LOADC, STOREC, LOADU8, FMA, OFFSETV)                      \
+    NM_DEFINE_GEMV2_PACKED_BY(BYTE_GROUP, gemv2_packed_q5_1_##ISA, float, 1, VEC, L, NRW,    \
+                              G28, SET1, LOADC, STOREC, LOADU8, FMA, OFFSETV)                \
+    NM_DEFINE_GEMV_PACKED_BY(BYTE_GROUP, gemv_packed_q5_1_half_##ISA, uint16_t, 1, VEC, L,   \
+                             NRW, G8, SET1, LOADC, STOREC, LOADU8, FMA, OFFSETH)             \
+    NM_DEFINE_GEMV2_PACKED_BY(BYTE_GROUP, gemv2_packed_q5_1_half_##ISA, uint16_t, 1, VEC, L, \
+                              NRW, G28, SET1, LOADC, STOREC, LOADU8, FMA, OFFSETH)           \
     NM_DEFINE_PACK(pack_q5_1_##ISA, 1, L, LOADU8, STOREC, nm_load1_q5_1_raw, OFFSETV,        \
                    NM_OFFSET1)
 
@@ -996,14 +1005,14 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
             STOREC, FMA, X, Y, FACTORED)                                                     \
     NM_DEFINE_FACTORED_WALK2(gemv2_packed_##FMT##_factored_##ISA, G2, NRW)
 /* Both forms' walks for a row: q4_1 G slivers at a time for one row, G2 for two (the groups'
- * walks through NIBBLE_GROUP); q8_0 G8 and G28. */
+ * walks through NIBBLE_GROUP); q8_0 G8 and G28 (through BYTE_GROUP). */
 #define NM_DEFINE_FACTORED_GEMVS(ISA, VEC, L, NRW, G, G8, G2, G28, SET1, LOADC, STOREC, FMA,  \
-                                 NIBBLES, DEQ, LOADQ8, SCALEV, FACTORED, NIBBLE_GROUP)       \
+                                 NIBBLES, DEQ, LOADQ8, SCALEV, FACTORED, NIBBLE_GROUP,       \
+                                 BYTE_GROUP)                                                 \
     NM_DEFINE_FACTORED_FORM_(NM_FACTORED_NIBBLE_SLIVERS_, NIBBLE_GROUP, q4_1, ISA, G, G2, VEC, \
                              L, NRW, SET1, LOADC, STOREC, FMA, NIBBLES, DEQ, FACTORED)       \
-    NM_DEFINE_FACTORED_FORM_(NM_FACTORED_BYTE_SLIVERS_, NM_FACTORED_BYTE_SLIVERS_, q8_0, ISA, \
-                             G8, G28, VEC, L, NRW, SET1, LOADC, STOREC, FMA, LOADQ8, SCALEV,  \
-                             FACTORED)
+    NM_DEFINE_FACTORED_FORM_(NM_FACTORED_BYTE_SLIVERS_, BYTE_GROUP, q8_0, ISA, G8, G28, VEC, \
+                             L, NRW, SET1, LOADC, STOREC, FMA, LOADQ8, SCALEV, FACTORED)
 
 /* The first tile of both 4-bit formats (and of Q4_0's packed codes) as packing then the
  * row's microkernel (UKERNEL; its NR is the row's), for a row without a fused one. */

@@ -99,23 +99,13 @@ NM_DEFINE_ROW_MAJOR_GEMVS(avx512, __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
                           load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
                           FMADD16, PREFETCH_T0, load1_fp16_f16c, SCALE16)
 
-/* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
- * one row and for two (16 accumulators of the 32 registers) */
-/* slivers the packed gemvs walk at a time (NM_DEFINE_PACKED_GEMVS): 16-bit and f32 weights
- * at m = 1 and m = 2, then the FP8 formats at m = 1 and m = 2 */
+/* slivers the packed gemvs walk at a time (NM_DEFINE_PACKED_GEMVS, below the strided walks):
+ * 16-bit and f32 weights at m = 1 and m = 2, then the FP8 formats (and Q8_0, Q5_1) at m = 1
+ * and m = 2 */
 #define PACKED_SLIVERS_M1 4
 #define PACKED_SLIVERS_M2 4
 #define PACKED_SLIVERS_FP8_M1 4
 #define PACKED_SLIVERS_FP8_M2 4
-NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR,
-                       PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
-                       PACKED_SLIVERS_FP8_M2, _mm512_set1_ps, _mm512_loadu_ps,
-                       _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
-                       load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
-                       FMADD16, SCALE16, SCALE16_HALF)
-NM_DEFINE_Q5_1_FORMAT(avx512, __m512, 16, NR, PACKED_SLIVERS_FP8_M1, PACKED_SLIVERS_FP8_M2,
-                      _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, load16_q5_1, FMADD16,
-                      PREFETCH_T0, OFFSET16, OFFSET16_HALF)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
@@ -474,6 +464,132 @@ static inline void stage_strided_factored128(float *dst, const int8_t *cp, const
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
 
+/* ---- m <= 2 on a packed group of a byte format (Q8_0, Q5_1): strided lanes ---------- */
+
+/* A group's stored row p is 128 bytes, column j's code at byte j (slb == NR). The 64 bytes
+ * from byte 64h + q - 3 (q = 0..3), read as 16 dwords, hold column 64h + 4i + q's code in
+ * lane i's top byte, which one shift brings down (arithmetic for Q8_0's int8 codes, logical
+ * for Q5_1's): 16 weights take a load, a shift and a conversion (and the scale's
+ * multiplication or the scale and offset's FMA, and the chain's FMA), where
+ * widening 16 bytes (vpmovsxbd) takes the pipe that the FMAs share with the permutes on a
+ * Zen 4, and the shift and the conversion do not. Lanes, accumulators, C, the scales: the
+ * nibble walks' strided order. The views at q < 3 of half 0 read up to 3 bytes before the
+ * row, the previous row's, so a call's first row shifts its aligned half 0 instead. Each
+ * column's FMAs are NM_GEMV_PACKED_SLIVERS_'s, in the same order: the same bits
+ * (docs/results/byte-strided-walks-zen4-2026-12-07.txt). */
+#define BYTE_VIEW_(row_, h_, q_, FIRST_)                                                     \
+    ((FIRST_) && (h_) == 0 && (q_) < 3                                                       \
+         ? _mm512_slli_epi32(_mm512_loadu_si512((const void *)(row_)), 24 - 8 * (q_))        \
+         : _mm512_loadu_si512((const void *)((row_) + 64 * (h_) + (q_) - 3)))
+
+/* The byte formats' strided decodes, by the operation the group's walk is given for the
+ * scales (its SCV, either grid type): a view's top bytes as weights, with their scales at
+ * sp and offsets at op (strided); BYTE_OFFSETS_: whether the format has offsets to stage */
+#define BYTE_DEQ_SCALE16(v, sp, op)                                                          \
+    _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(v, 24)), _mm512_load_ps(sp))
+#define BYTE_DEQ_SCALE16_HALF(v, sp, op) BYTE_DEQ_SCALE16(v, sp, op)
+#define BYTE_DEQ_OFFSET16(v, sp, op)                                                         \
+    _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 24)), _mm512_load_ps(sp),        \
+                    _mm512_load_ps(op))
+#define BYTE_DEQ_OFFSET16_HALF(v, sp, op) BYTE_DEQ_OFFSET16(v, sp, op)
+#define BYTE_OFFSETS_SCALE16 0
+#define BYTE_OFFSETS_SCALE16_HALF 0
+#define BYTE_OFFSETS_OFFSET16 1
+#define BYTE_OFFSETS_OFFSET16_HALF 1
+
+/* Stored row p (at row_) for RR rows of A (lda apart) into acc_ (row r_'s eight strided
+ * vectors at acc_ + 8 r_), through DEQ (a BYTE_DEQ_), the block's scales and offsets staged
+ * at sc_ and of_; FIRST_ (a constant): the call's first row */
+#define BYTE_STRIDED_ROW_(DEQ, RR, acc_, a, lda, p, row_, sc_, of_, FIRST_)                  \
+    do {                                                                                     \
+        __m512 ap_[RR];                                                                      \
+        _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) ap_[r_] =                  \
+            _mm512_set1_ps((a)[r_ * (lda) + (p)]);                                           \
+        _Pragma("GCC unroll 2") for (int h_ = 0; h_ < 2; ++h_)                               \
+            _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 4; ++q_) {                         \
+                const int w_ = 4 * h_ + q_;                                                  \
+                const __m512 wv_ = DEQ(BYTE_VIEW_(row_, h_, q_, FIRST_), (sc_) + 16 * w_,    \
+                                       (of_) + 16 * w_);                                     \
+                _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_)                    \
+                    acc_[8 * r_ + w_] = _mm512_fmadd_ps(ap_[r_], wv_, acc_[8 * r_ + w_]);    \
+            }                                                                                \
+    } while (0)
+/* Rows [p0_, end_) of a block, the call's first one (row 0) in its own form */
+#define BYTE_STRIDED_ROWS_(DEQ, RR, acc_, a, lda, b, ldb, p0_, end_, sc_, of_)               \
+    do {                                                                                     \
+        int64_t p_ = (p0_);                                                                  \
+        if (p_ == 0) {                                                                       \
+            BYTE_STRIDED_ROW_(DEQ, RR, acc_, a, lda, 0, b, sc_, of_, 1);                     \
+            p_ = 1;                                                                          \
+        }                                                                                    \
+        for (; p_ < (end_); ++p_)                                                            \
+            BYTE_STRIDED_ROW_(DEQ, RR, acc_, a, lda, p_, (b) + p_ * (ldb), sc_, of_, 0);     \
+    } while (0)
+
+/* The walk over a group for RR rows (BYTE_GROUP of NM_DEFINE_PACKED_GEMVS and
+ * NM_DEFINE_Q5_1_FORMAT): NM_GEMV_PACKED_SLIVERS_'s parameters, of which it reads ST
+ * (float32 or binary16 scales) and SCV (the decode: BYTE_DEQ_##SCV), through the blocks of
+ * scales (and offsets) as that walk steps them */
+#define BYTE_STRIDED_GROUP(NAME, ST, RR, GG, ITEM, VEC, L, NRW, SET1, LOADC, STOREC, LOADW,  \
+                           FMA, SCV)                                                         \
+    _Static_assert((RR) <= 2 && (GG) * (NRW) == 128 && (L) == 16 && (ITEM) == 1,            \
+                   "1 or 2 rows, 128 one-byte columns");                                     \
+    static inline void NAME(int64_t k, int64_t ldb, int64_t slb, const float *a,             \
+                            int64_t lda, const uint8_t *b, float *c, int64_t ldc,            \
+                            const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
+        (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
+        const int64_t block_ = bk < k ? bk : k; /* rows under one block of scales */        \
+        __m512 acc_[8 * (RR)];                                                               \
+        NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
+        for (int64_t p0_ = 0; p0_ < k; p0_ += block_, s = p0_ < k ? s + lds : s,             \
+                     o = o && p0_ < k ? o + lds : o) {                                       \
+            _Alignas(64) float sc_[128], of_[128];                                           \
+            STAGE_STRIDED128(sc_, GRID16_S_);                                                \
+            if (BYTE_OFFSETS_##SCV) STAGE_STRIDED128(of_, GRID16_O_);                        \
+            BYTE_STRIDED_ROWS_(BYTE_DEQ_##SCV, RR, acc_, a, lda, b, ldb, p0_,                \
+                               NM_BLOCK_END_(p0_, block_, k), sc_, of_);                     \
+        }                                                                                    \
+        NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
+    }
+
+/* The same on a factored grid (the q8_0 form's GROUP of NM_DEFINE_FACTORED_GEMVS: Q6_K,
+ * Q3_K, IQ4_XS): NM_FACTORED_BYTE_SLIVERS_'s parameters; a block's scales are its products
+ * (FACTORED16_V's) made in the strided order, as in NIBBLE_STRIDED_FACTORED_GROUP */
+#define BYTE_STRIDED_FACTORED_GROUP(NAME, RR, GG, VEC, L, NRW, SET1, LOADC, STOREC, FMA,     \
+                                    LOADW, SCV, FACTORED)                                    \
+    _Static_assert((RR) <= 2 && (GG) * (NRW) == 128 && (L) == 16, "1 or 2 rows, 128 columns"); \
+    static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
+        (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
+        const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \
+        __m512 acc_[8 * (RR)];                                                               \
+        NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
+        _Alignas(64) float fs_[128]; /* the super-block's factors, strided */               \
+        STAGE_STRIDED128(fs_, FACTORS16_S_);                                                 \
+        for (int64_t p0_ = 0, left_ = per_super; p0_ < k; p0_ += block_) {                   \
+            _Alignas(64) float sc_[128];                                                     \
+            stage_strided_factored128(sc_, cs, fs_);                                         \
+            BYTE_STRIDED_ROWS_(BYTE_DEQ_SCALE16, RR, acc_, a, lda, b, ldb, p0_,              \
+                               NM_BLOCK_END_(p0_, block_, k), sc_, sc_); /* no offsets */   \
+            NM_FACTORED_NEXT_(p0_ + block_ >= k, cs, co, fs, fo, ld, left_, per_super);      \
+            if (left_ == per_super) /* fs stepped to the next super-block */                 \
+                STAGE_STRIDED128(fs_, FACTORS16_S_);                                         \
+        }                                                                                    \
+        NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
+    }
+
+/* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
+ * one row and for two (16 accumulators of the 32 registers); Q8_0's and Q5_1's groups
+ * through the strided walk above */
+NM_DEFINE_PACKED_GEMVS(avx512, __m512, 16, NR,
+                       PACKED_SLIVERS_M1, PACKED_SLIVERS_M2, PACKED_SLIVERS_FP8_M1,
+                       PACKED_SLIVERS_FP8_M2, _mm512_set1_ps, _mm512_loadu_ps,
+                       _mm512_storeu_ps, load16_f32, load16_fp16, load16_bf16, load16_e4m3fn,
+                       load16_e5m2, load16_e4m3fn_finite, load16_e5m2_finite, load16_q8_0,
+                       FMADD16, SCALE16, SCALE16_HALF, BYTE_STRIDED_GROUP)
+NM_DEFINE_Q5_1_FORMAT(avx512, __m512, 16, NR, PACKED_SLIVERS_FP8_M1, PACKED_SLIVERS_FP8_M2,
+                      _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, load16_q5_1, FMADD16,
+                      PREFETCH_T0, OFFSET16, OFFSET16_HALF, BYTE_STRIDED_GROUP)
+
 /* packed: a group's whole stored row at a time (four 32-column slivers), for one row and for
  * two (16 accumulators), through the strided walks above
  * (docs/results/strided-lanes-avx512-zen4-2026-12-06.txt). Two slivers for two rows read half
@@ -495,7 +611,8 @@ NM_DEFINE_NIBBLE_FORMATS(avx512, __m512, 16, NR, 4, 4, _mm512_set1_ps, _mm512_lo
 #define FACTORED16(dst, cp, fp) _mm512_storeu_ps(dst, FACTORED16_V(cp, fp))
 NM_DEFINE_FACTORED_GEMVS(avx512, __m512, 16, NR, 4, 4, 4, 4, _mm512_set1_ps, _mm512_loadu_ps,
                          _mm512_storeu_ps, FMADD16, NIBBLES16_Q4_1, DEQ16_Q4_1, load16_q8_0,
-                         SCALE16, FACTORED16, NIBBLE_STRIDED_FACTORED_GROUP)
+                         SCALE16, FACTORED16, NIBBLE_STRIDED_FACTORED_GROUP,
+                         BYTE_STRIDED_FACTORED_GROUP)
 
 /* The first tile of a 4-bit sliver through the blocks of scales of its k block (bk, lds),
  * decoding on the way: stored row r gives sliver rows 2r (low nibbles) and 2r + 1

@@ -115,10 +115,10 @@ NM_DEFINE_PACKED_GEMVS(neon, float32x4_t, 4, NR,
                        PACKED_SLIVERS_FP8_M2, vdupq_n_f32, vld1q_f32, vst1q_f32,
                        load4_f32, load4_fp16, load4_bf16, load4_e4m3fn, load4_e5m2,
                        load4_e4m3fn_finite, load4_e5m2_finite, load4_q8_0, vfmaq_f32, SCALE4,
-                       SCALE4_HALF)
+                       SCALE4_HALF, NM_GEMV_PACKED_SLIVERS_)
 NM_DEFINE_Q5_1_FORMAT(neon, float32x4_t, 4, NR, PACKED_SLIVERS_FP8_M1, PACKED_SLIVERS_FP8_M2,
                       vdupq_n_f32, vld1q_f32, vst1q_f32, load4_q5_1, vfmaq_f32, NO_PREFETCH,
-                      OFFSET4, OFFSET4_HALF)
+                      OFFSET4, OFFSET4_HALF, NM_GEMV_PACKED_SLIVERS_)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 

@@ -68,7 +68,8 @@ NM_DEFINE_PACKED_GEMVS(scalar, float, 1, SCALAR_NR,
                        PACKED_SLIVERS_FP8_M2, SET1, LOAD1C, STORE1,
                        nm_load1_f32, nm_load1_fp16, nm_load1_bf16, nm_load1_e4m3fn_raw,
                        nm_load1_e5m2_raw, nm_load1_e4m3fn_raw, nm_load1_e5m2_raw,
-                       nm_load1_q8_0_raw, FMAF_ACC, NM_SCALE1, NM_SCALE1_HALF)
+                       nm_load1_q8_0_raw, FMAF_ACC, NM_SCALE1, NM_SCALE1_HALF,
+                       NM_GEMV_PACKED_SLIVERS_)
 
 NM_DEFINE_PACK(pack_f32_scalar, 4, 1, nm_load1_f32, STORE1, nm_load1_f32, NM_UNSCALED,
                NM_UNSCALED)
@@ -118,7 +119,8 @@ NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q8_0_scalar, pack_q8_0_scalar, uker
 /* Q5_1 (fma(q, scale, offset)): every slot from the shared templates (kernel_common.h) on
  * one-float "vectors", the same chains */
 NM_DEFINE_Q5_1_FORMAT(scalar, float, 1, SCALAR_NR, 1, 1, SET1, LOAD1C, STORE1,
-                      nm_load1_q5_1_raw, FMAF_ACC, NO_PREFETCH, NM_OFFSET1, NM_OFFSET1_HALF)
+                      nm_load1_q5_1_raw, FMAF_ACC, NO_PREFETCH, NM_OFFSET1, NM_OFFSET1_HALF,
+                      NM_GEMV_PACKED_SLIVERS_)
 NM_DEFINE_UKERNEL_PACK_BY_PARTS(ukernel_pack_q5_1_scalar, pack_q5_1_scalar, ukernel_4x8_scalar,
                                 SCALAR_NR, 1)
 
