@@ -110,8 +110,7 @@ NM_DEFINE_PACKED_GEMVS(avx2, __m256, 8, NR,
                        FMADD8, SCALE8, SCALE8_HALF, NM_GEMV_PACKED_SLIVERS_)
 NM_DEFINE_Q5_1_FORMAT(avx2, __m256, 8, NR, PACKED_SLIVERS_FP8_M1, PACKED_SLIVERS_FP8_M2,
                       _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, load8_q5_1, FMADD8,
-                      PREFETCH_T0, OFFSET8, OFFSET8_HALF,
-                      NM_GEMV_PACKED_SLIVERS_)
+                      PREFETCH_T0, OFFSET8, OFFSET8_HALF, NM_GEMV_PACKED_SLIVERS_)
 
 /* ---- packing a narrow sliver (the last of a column range) --------------------------- */
 
