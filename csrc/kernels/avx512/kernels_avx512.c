@@ -342,10 +342,58 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
     _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, shift), CODES16),             \
                     _mm512_load_ps(sp), _mm512_load_ps(op))
 
+/* Q4_1's codes decoded where they sit: the code at bit t of a lane, masked there, is
+ * q * 2^t (t <= 28: a uint32 of 4 significant bits, converted exactly), and the scale staged
+ * as s * 2^-t, so that fma(q * 2^t, s * 2^-t, o) is fma(q, s, o), the same bits (a zero's
+ * sign, Inf and NaN included), when s * 2^-t is exact: |s| >= 2^-98 or s == 0 (or not
+ * finite), which stage_in_place256 checks for a block. An AND and a conversion for 16
+ * weights where the shift and the permute took 3-5 % more time in a loop of their own on a
+ * Zen 4 (docs/results/in-place-nibbles-zen4-2026-12-07.txt); Q4_0's signed codes keep the
+ * permute (in place they would need the sign brought down). NIBBLES##_IN_PLACE: whether the
+ * format has this decode; NIBBLES##_STRIDED_IN_PLACE takes the staged scale of t at sp. */
+#define NIBBLES16_Q4_0P_IN_PLACE 0
+#define NIBBLES16_Q4_1_IN_PLACE 1
+#define NIBBLES16_Q4_0P_STRIDED_IN_PLACE NIBBLES16_Q4_0P_STRIDED /* never taken */
+#define NIBBLES16_Q4_1_STRIDED_IN_PLACE(v, shift, sp, op)                                    \
+    _mm512_fmadd_ps(                                                                         \
+        _mm512_cvtepu32_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)(15u << (shift))))),  \
+        _mm512_load_ps(sp), _mm512_load_ps(op))
+
+/* dst (64-byte aligned) gets, for each of the 8 strided vectors w of scales at sc (strided
+ * order, q = w % 4), the scale of the low nibbles' bit 8q, sc * 2^-8q, at dst + 32w and the
+ * high nibbles' (bit 8q + 4) at dst + 32w + 16; 0 (nothing staged) when some scale is below
+ * 2^-98 in magnitude but not zero, where a product would leave the normal range and round.
+ * The test reads the bits: no floating-point operation on a subnormal scale. */
+static inline int stage_in_place256(float *dst, const float *sc) {
+    const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i smallest = _mm512_set1_epi32(0x0E800000); /* 2^-98's bits */
+    __mmask16 tiny = 0;
+    _Pragma("GCC unroll 8") for (int w = 0; w < 8; ++w) {
+        const __m512i x =
+            _mm512_and_si512(_mm512_load_si512((const void *)(sc + 16 * w)), magnitude);
+        tiny |= _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(x, x), x, smallest);
+    }
+    if (tiny) return 0;
+    _Pragma("GCC unroll 8") for (int w = 0; w < 8; ++w) {
+        static const float low[4] = {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f};
+        const __m512 x = _mm512_load_ps(sc + 16 * w);
+        const __m512 high = _mm512_set1_ps(low[w % 4] * 0x1p-4f);
+        _mm512_store_ps(dst + 32 * w, w % 4 ? _mm512_mul_ps(x, _mm512_set1_ps(low[w % 4])) : x);
+        _mm512_store_ps(dst + 32 * w + 16, _mm512_mul_ps(x, high));
+    }
+    return 1;
+}
+
+/* where a strided row finds vector w's scales for the nibble n (0 low, 1 high) in sc_: the
+ * permute decode's one per w, the in-place decode's two (stage_in_place256) */
+#define STRIDED_SCALES_(sc_, w_, n_) ((sc_) + 16 * (w_))
+#define IN_PLACE_SCALES_(sc_, w_, n_) ((sc_) + 32 * (w_) + 16 * (n_))
+
 /* Stored row r (at row_) of a group for RR rows of A (lda apart): the two codes of every
- * column, decoded once for the RR rows, the low nibble's FMA first, into acc_ (row r_'s
- * eight strided vectors at acc_ + 8 r_), the scales and offsets staged at sc_ and of_ */
-#define NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, row_, sc_, of_)                    \
+ * column, decoded once for the RR rows by DECODE (a NIBBLES##_STRIDED form), the low
+ * nibble's FMA first, into acc_ (row r_'s eight strided vectors at acc_ + 8 r_), the scales
+ * staged at sc_ (where SCALES_AT finds them) and the offsets at of_ */
+#define NIBBLE_STRIDED_ROW_(DECODE, SCALES_AT, RR, acc_, a, lda, r, row_, sc_, of_)         \
     do {                                                                                     \
         __m512 al_[RR], ah_[RR];                                                             \
         _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                          \
@@ -357,14 +405,29 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
             _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 4; ++q_) {                         \
                 const int w_ = 4 * h_ + q_;                                                  \
                 const __m512 wl_ =                                                           \
-                    NIBBLES##_STRIDED(v_, 8 * q_, (sc_) + 16 * w_, (of_) + 16 * w_);         \
+                    DECODE(v_, 8 * q_, SCALES_AT(sc_, w_, 0), (of_) + 16 * w_);              \
                 const __m512 wh_ =                                                           \
-                    NIBBLES##_STRIDED(v_, 8 * q_ + 4, (sc_) + 16 * w_, (of_) + 16 * w_);     \
+                    DECODE(v_, 8 * q_ + 4, SCALES_AT(sc_, w_, 1), (of_) + 16 * w_);          \
                 _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                  \
                     acc_[8 * r_ + w_] = _mm512_fmadd_ps(al_[r_], wl_, acc_[8 * r_ + w_]);    \
                     acc_[8 * r_ + w_] = _mm512_fmadd_ps(ah_[r_], wh_, acc_[8 * r_ + w_]);    \
                 }                                                                            \
             }                                                                                \
+        }                                                                                    \
+    } while (0)
+/* Stored rows [r0_, end_) under one block of scales (staged at sc_, strided) and offsets
+ * (of_): in place where the format and the scales allow it, else through the permute */
+#define NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_)        \
+    do {                                                                                     \
+        _Alignas(64) float sp_[256];                                                         \
+        if (NIBBLES##_IN_PLACE && stage_in_place256(sp_, sc_)) {                             \
+            for (int64_t r = (r0_); r < (end_); ++r)                                         \
+                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED_IN_PLACE, IN_PLACE_SCALES_, RR, acc_, a, \
+                                    lda, r, (b) + r * (ldb), sp_, of_);                      \
+        } else {                                                                             \
+            for (int64_t r = (r0_); r < (end_); ++r)                                         \
+                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, RR, acc_, a, lda, r, \
+                                    (b) + r * (ldb), sc_, of_);                              \
         }                                                                                    \
     } while (0)
 /* C's RR rows (ldc apart) of 128 columns in (strided) and out */
@@ -414,8 +477,8 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
             _Alignas(64) float sc_[128], of_[128];                                           \
             STAGE_STRIDED128(sc_, GRID16_S_);                                                \
             if (NIBBLES##_OFFSETS) STAGE_STRIDED128(of_, GRID16_O_);                         \
-            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r)                \
-                NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
+            NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_,                    \
+                                  NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);              \
         }                                                                                    \
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
@@ -455,8 +518,8 @@ static inline void stage_strided_factored128(float *dst, const int8_t *cp, const
             _Alignas(64) float sc_[128], of_[128];                                           \
             stage_strided_factored128(sc_, cs, fs_);                                         \
             stage_strided_factored128(of_, co, fo_);                                         \
-            for (int64_t r = r0_; r < NM_BLOCK_END_(r0_, block_, k / 2); ++r)                \
-                NIBBLE_STRIDED_ROW_(NIBBLES, RR, acc_, a, lda, r, b + r * ldb, sc_, of_);    \
+            NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_,                    \
+                                  NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);              \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
             if (left_ == per_super) /* fs and fo stepped to the next super-block */          \
                 STAGE_STRIDED_FACTORS_(fs_, fo_);                                            \
