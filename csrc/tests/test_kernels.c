@@ -428,6 +428,10 @@ static void test_no_subnormal_operands(const nm_isa_kernels *row, const nm_isa_k
  * scalar row's reference for a bias is C set to the bias and accumulated into. */
 enum { START_ZERO, START_ACCUMULATE, START_BIAS };
 
+/* Set around run_case: a scaled format's case takes a factored grid of factors near 2^-106,
+ * below the 2^-98 under which the avx512 row's in-place decode must not stage them */
+static int tiny_factored_case;
+
 static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int fmt, int64_t m,
                      int64_t n, int64_t k, int start, int threads) {
     const int accumulate = start == START_ACCUMULATE;
@@ -450,7 +454,8 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     for (int64_t i = 0; i < nblocks * sld; ++i) ov[i] = 0x1p100f * next_float();
     /* half the cases of a format with half_scales give the row under test binary16 grids
      * (nm_scales.s16) of binary16 values, the scalar reference the same values as float32 */
-    const int half = nm_format_table[fmt].half_scales && (next_u64() & 1);
+    const int half =
+        nm_format_table[fmt].half_scales && !tiny_factored_case && (next_u64() & 1);
     uint16_t *sv16 = xmalloc((size_t)(nblocks * sld) * 2);
     uint16_t *ov16 = xmalloc((size_t)(nblocks * sld) * 2);
     for (int64_t i = 0; half && i < nblocks * sld; ++i) {
@@ -463,7 +468,7 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
      * products exact), the scalar reference the products as float32; each part in a buffer
      * of exactly its size */
     const int factored = !half && nm_format_table[fmt].scaled && k > 0 &&
-                         (next_u64() % 3 == 0 || k == 1100);
+                         (tiny_factored_case || next_u64() % 3 == 0 || k == 1100);
     /* super-blocks of a small divisor of the blocks (a factor changes along k), a quarter of
      * the time one for all */
     int64_t per_super = nblocks;
@@ -473,12 +478,14 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
     const int64_t supers = nblocks / per_super;
     int8_t *c8 = xmalloc((size_t)(nblocks * sld)), *oc8 = xmalloc((size_t)(nblocks * sld));
     float *fs = xmalloc((size_t)(supers * sld) * 4), *ofs = xmalloc((size_t)(supers * sld) * 4);
+    /* factors near 2^-106 (tiny_factored_case): the products stay normal */
+    const int tiny = factored && tiny_factored_case;
     for (int64_t i = 0; factored && i < supers * sld; ++i) { /* 11 significant bits, any sign */
         const float sign = (next_u64() & 1) ? -1.0f : 1.0f;
         const float f = 1.0f + (float)(next_u64() & 1023) / 1024.0f;
         const float g = 1.0f + (float)(next_u64() & 1023) / 1024.0f;
-        fs[i] = sign * ldexpf(f, (int)(next_u64() % 9) - 4);
-        ofs[i] = -sign * ldexpf(g, (int)(next_u64() % 9) - 4);
+        fs[i] = sign * ldexpf(f, (int)(next_u64() % 9) - 4 - (tiny ? 106 : 0));
+        ofs[i] = -sign * ldexpf(g, (int)(next_u64() % 9) - 4 - (tiny ? 106 : 0));
     }
     for (int64_t q = 0; factored && q < nblocks; ++q)
         for (int64_t j = 0; j < sld; ++j) { /* exact: 11 bits times 8 */
@@ -659,6 +666,10 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
             run_case(row, ref, fmt, 1, 300, 1100, START_ACCUMULATE, 1);
             run_case(row, ref, fmt, 2, 290, 1100, START_ZERO, 1);
         }
+        tiny_factored_case = 1; /* the same on a factored grid of tiny factors */
+        run_case(row, ref, fmt, 1, 300, 1100, START_BIAS, 1);
+        run_case(row, ref, fmt, 2, 290, 1100, START_ACCUMULATE, 1);
+        tiny_factored_case = 0;
         /* more rows than one packed A block (2048): the block edge, on 7 threads (3 column
          * parts x 2 row parts) */
         run_case(row, ref, fmt, 2053, 200, 19, START_ACCUMULATE, 7);

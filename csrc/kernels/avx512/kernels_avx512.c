@@ -415,20 +415,29 @@ static inline int stage_in_place256(float *dst, const float *sc) {
             }                                                                                \
         }                                                                                    \
     } while (0)
-/* Stored rows [r0_, end_) under one block of scales (staged at sc_, strided) and offsets
- * (of_): in place where the format and the scales allow it, else through the permute */
-#define NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_)        \
+/* Stored rows [r0_, end_) under one block, in place (the scales at sc_ staged by
+ * stage_in_place256) or through the permute (sc_ as STAGE_STRIDED128 stages them) */
+#define NIBBLE_STRIDED_ROWS_(NIBBLES, IP_, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_)    \
     do {                                                                                     \
-        _Alignas(64) float sp_[256];                                                         \
-        if (NIBBLES##_IN_PLACE && stage_in_place256(sp_, sc_)) {                             \
+        if (IP_) { /* 1: in place, 0: the permute */                                         \
             for (int64_t r = (r0_); r < (end_); ++r)                                         \
                 NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED_IN_PLACE, IN_PLACE_SCALES_, RR, acc_, a, \
-                                    lda, r, (b) + r * (ldb), sp_, of_);                      \
+                                    lda, r, (b) + r * (ldb), sc_, of_);                      \
         } else {                                                                             \
             for (int64_t r = (r0_); r < (end_); ++r)                                         \
                 NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, RR, acc_, a, lda, r, \
                                     (b) + r * (ldb), sc_, of_);                              \
         }                                                                                    \
+    } while (0)
+/* The same under one block of scales staged at sc_ (strided) and offsets at of_: in place
+ * where the format and the scales allow it */
+#define NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_)        \
+    do {                                                                                     \
+        _Alignas(64) float sp_[256];                                                         \
+        if (NIBBLES##_IN_PLACE && stage_in_place256(sp_, sc_))                               \
+            NIBBLE_STRIDED_ROWS_(NIBBLES, 1, RR, acc_, a, lda, b, ldb, r0_, end_, sp_, of_); \
+        else                                                                                 \
+            NIBBLE_STRIDED_ROWS_(NIBBLES, 0, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_); \
     } while (0)
 /* C's RR rows (ldc apart) of 128 columns in (strided) and out */
 #define NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc)                                               \
@@ -488,16 +497,27 @@ static inline int stage_in_place256(float *dst, const float *sc) {
  * int8 codes are read as the weights are (two vectors of 16 dwords, lane i of half h holding
  * columns 64h + 4i to 64h + 4i + 3), a code brought to the top byte and sign-extended by two
  * shifts, where widening and permuting per block took the pipes the FMAs use */
-static inline void stage_strided_factored128(float *dst, const int8_t *cp, const float *f) {
+static inline void stage_strided_factored(float *dst, const int8_t *cp, const float *f,
+                                          int per_w) {
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
         const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * h));
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; ++q) {
-            const __m512i code = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24);
-            _mm512_store_ps(dst + 16 * (4 * h + q),
-                            _mm512_mul_ps(_mm512_load_ps(f + 16 * (4 * h + q)),
-                                          _mm512_cvtepi32_ps(code)));
+            const __m512 code =
+                _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24));
+            const int w = 4 * h + q;
+            _Pragma("GCC unroll 2") for (int t = 0; t < per_w; ++t)
+                _mm512_store_ps(dst + 16 * (per_w * w + t),
+                                _mm512_mul_ps(_mm512_load_ps(f + 16 * (per_w * w + t)), code));
         }
     }
+}
+static inline void stage_strided_factored128(float *dst, const int8_t *cp, const float *f) {
+    stage_strided_factored(dst, cp, f, 1);
+}
+/* for the in-place decode: f holds two factors a w (stage_in_place256's order), so dst gets
+ * the block's scales times 2^-t, each exact where f's are (the products f * code are) */
+static inline void stage_strided_factored256(float *dst, const int8_t *cp, const float *f) {
+    stage_strided_factored(dst, cp, f, 2);
 }
 
 /* The same on a factored grid (the q4_1 form's GROUP of NM_DEFINE_FACTORED_GEMVS):
@@ -513,16 +533,26 @@ static inline void stage_strided_factored128(float *dst, const int8_t *cp, const
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
         _Alignas(64) float fs_[128], fo_[128]; /* the super-block's factors, strided */     \
+        _Alignas(64) float fi_[256]; /* and its scale factors times 2^-t, for in place */   \
         STAGE_STRIDED_FACTORS_(fs_, fo_);                                                    \
+        int in_place_ = NIBBLES##_IN_PLACE && stage_in_place256(fi_, fs_);                   \
         for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
-            _Alignas(64) float sc_[128], of_[128];                                           \
-            stage_strided_factored128(sc_, cs, fs_);                                         \
+            _Alignas(64) float sc_[256], of_[128];                                           \
             stage_strided_factored128(of_, co, fo_);                                         \
-            NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_,                    \
-                                  NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);              \
+            if (in_place_) {                                                                 \
+                stage_strided_factored256(sc_, cs, fi_);                                     \
+                NIBBLE_STRIDED_ROWS_(NIBBLES, 1, RR, acc_, a, lda, b, ldb, r0_,              \
+                                     NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);           \
+            } else {                                                                         \
+                stage_strided_factored128(sc_, cs, fs_);                                     \
+                NIBBLE_STRIDED_ROWS_(NIBBLES, 0, RR, acc_, a, lda, b, ldb, r0_,              \
+                                     NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);           \
+            }                                                                                \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
-            if (left_ == per_super) /* fs and fo stepped to the next super-block */          \
+            if (left_ == per_super) { /* fs and fo stepped to the next super-block */        \
                 STAGE_STRIDED_FACTORS_(fs_, fo_);                                            \
+                in_place_ = NIBBLES##_IN_PLACE && stage_in_place256(fi_, fs_);               \
+            }                                                                                \
         }                                                                                    \
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
