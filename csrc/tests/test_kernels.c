@@ -231,12 +231,15 @@ static void test_sweep8(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
  * fma(1, w_hi, fma(1, w_lo, 0)); the gemvs (m = 1, 2), the tiles (m = 4, 5) and the packed
  * layout each checked against it, and (x86) no subnormal operand on the way. Then again on
  * binary16 grids (nm_scales.s16: the packed gemvs' own, widened by the frame for the others)
- * of binary16 scales and offsets, a subnormal binary16 among them. The float32 grid's last
- * scale is below 2^-98, where the avx512 row's in-place decode would round (its guard). */
+ * of binary16 scales and offsets, a subnormal binary16 among them. The float32 grid has
+ * scales below 2^-98, where the avx512 row's in-place decode would round (its guard), one
+ * just below that bound and one just above it, and the largest float32. */
 static void test_sweep_nibbles(const nm_isa_kernels *row) {
-    enum { N = 1024, K = 2 };
-    static const float scales[2][4] = {{1.0f, 0.0078125f, -3.3f, 0x1.3579bep-110f},
-                                       {1.0f, 0.0078125f, -3.296875f, 0x1p-24f}};
+    enum { N = 2048, K = 2 };
+    static const float scales[2][8] = {
+        {1.0f, 0.0078125f, -3.3f, 0x1.3579bep-110f, 0x1.fffffep-98f, -0x1.8p-99f,
+         0x1.fffffep127f, -0x1p-98f},
+        {1.0f, 0.0078125f, -3.296875f, 0x1p-24f, 65504.0f, -0x1p-14f, 0x1.ff8p-15f, 0.5f}};
     const int64_t nr = row->nr, ld = (N + nr - 1) / nr * nr, gw = nm_pack_width(row, NM_FMT_Q4_0);
     const int64_t ldw = (N + gw - 1) / gw * gw; /* the packed weights: whole groups */
     uint8_t *b = xmalloc(N + 1), *bpk = xmalloc((size_t)ldw);
