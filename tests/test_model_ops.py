@@ -92,8 +92,10 @@ def causal(batch: int, lq: int, lk: int, pads: list[int]) -> np.ndarray:
 # ---- attention ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "holes", "per-head"])
-def test_attention_matches_oracle_on_every_row(rng, mask_kind):
-    batch, heads, kv_heads, lq, lk, d = 2, 4, 2, 5, 7, 8
+@pytest.mark.parametrize("heads", [4, 6, 2])  # groups of 2, 3 (a pair and one), 1 head
+def test_attention_matches_oracle_on_every_row(rng, mask_kind, heads):
+    batch, kv_heads, lq, lk, d = 2, 2, 5, 7, 8
+    group = heads // kv_heads
     q = rng.standard_normal((batch, heads, lq, d)).astype(F32)
     k = rng.standard_normal((batch, kv_heads, lk, d)).astype(F32)
     v = rng.standard_normal((batch, kv_heads, lk, d)).astype(F32)
@@ -109,13 +111,13 @@ def test_attention_matches_oracle_on_every_row(rng, mask_kind):
             assert_same_bits(ops.attention(q, k, v, allowed, scale=0.35), want)
     # and it is attention: close to the float64 softmax
     scores = np.einsum("bhid,bhjd->bhij", q.astype(np.float64),
-                       np.repeat(k, 2, axis=1).astype(np.float64)) * 0.35
+                       np.repeat(k, group, axis=1).astype(np.float64)) * 0.35
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
     with np.errstate(invalid="ignore"):
         p = np.exp(scores - scores.max(-1, keepdims=True))
         p = np.nan_to_num(p / p.sum(-1, keepdims=True))
-    ref = np.einsum("bhij,bhjd->bihd", p, np.repeat(v, 2, axis=1).astype(np.float64))
+    ref = np.einsum("bhij,bhjd->bihd", p, np.repeat(v, group, axis=1).astype(np.float64))
     np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-6)
 
 

@@ -15,7 +15,9 @@
  * no visible key gets zeros.
  *
  * The two products are the kernel row's f32 gemv, whose chains every row computes with the
- * same bits; threads take whole (batch entry, key/value head) tasks. */
+ * same bits, two heads of a key/value group at once through its two-row form where they
+ * share a mask row (the same chains, the cache read once for both); threads take whole
+ * (batch entry, key/value head) tasks. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -36,12 +38,16 @@ typedef struct attention_job {
     atomic_int failed;
 } attention_job;
 
-/* One query row against the keys of its (batch entry, kv head), transposed: kt (d rows of
- * ldkt floats, key j in column j). Buffers: s and e of lk floats, gather of lk * d floats,
- * acc of d. */
-static void attend_row(const attention_job *job, const float *qi, const float *kt,
-                       int64_t ldkt, const float *vb, const uint8_t *mask_row, float *s,
-                       float *e, float *gather, float *acc, float *o) {
+/* One query row, or two of the same KV head under the same mask row (rows = 2: the second
+ * row's query ldq floats after the first's, its output ldo floats after), against the keys
+ * of their (batch entry, kv head), transposed: kt (d rows of ldkt floats, key j in column
+ * j). Two rows take the kernel row's two-row gemv, which reads the keys and the values once
+ * for both and computes each row's chains as the one-row gemv does (nm_gemv2_fn): the same
+ * bits. Buffers: s and e of rows x lk floats, gather of lk * d floats, acc of rows x d. */
+static void attend_rows(const attention_job *job, int rows, const float *qi, int64_t ldq,
+                        const float *kt, int64_t ldkt, const float *vb,
+                        const uint8_t *mask_row, float *s, float *e, float *gather, float *acc,
+                        float *o, int64_t ldo) {
     const int64_t lk = job->lk, d = job->d;
     int64_t lo = 0, hi = lk, count = lk;
     if (mask_row) {
@@ -51,34 +57,47 @@ static void attend_row(const attention_job *job, const float *qi, const float *k
         for (int64_t j = lo; j < hi; ++j) count += mask_row[j] != 0;
     }
     if (count == 0) {
-        memset(o, 0, (size_t)d * sizeof(float));
+        for (int r = 0; r < rows; ++r) memset(o + r * ldo, 0, (size_t)d * sizeof(float));
         return;
     }
     const int64_t span = hi - lo;
-    memset(s, 0, (size_t)span * sizeof(float));
-    job->row->gemv[NM_FMT_F32](d, span, qi, (const uint8_t *)(kt + lo), ldkt * 4, s, NULL,
-                               NULL);
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < span; ++j) {
-        if (mask_row && !mask_row[lo + j]) continue;
-        s[j] = s[j] * job->scale;
-        if (s[j] > mx) mx = s[j];
-    }
+    for (int r = 0; r < rows; ++r) memset(s + r * lk, 0, (size_t)span * sizeof(float));
+    if (rows == 2)
+        job->row->gemv2[NM_FMT_F32](d, span, qi, ldq, (const uint8_t *)(kt + lo), ldkt * 4, s,
+                                    lk, NULL, NULL);
+    else
+        job->row->gemv[NM_FMT_F32](d, span, qi, (const uint8_t *)(kt + lo), ldkt * 4, s, NULL,
+                                   NULL);
     const int holes = count != span;
-    int64_t c = 0;
-    for (int64_t j = 0; j < span; ++j) { /* the allowed keys' t_j - mx, in key order */
-        if (mask_row && !mask_row[lo + j]) continue;
-        e[c] = s[j] - mx;
-        if (holes) memcpy(gather + c * d, vb + (lo + j) * d, (size_t)d * sizeof(float));
-        ++c;
+    float sum[2];
+    for (int r = 0; r < rows; ++r) {
+        float *sr = s + r * lk, *er = e + r * lk;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < span; ++j) {
+            if (mask_row && !mask_row[lo + j]) continue;
+            sr[j] = sr[j] * job->scale;
+            if (sr[j] > mx) mx = sr[j];
+        }
+        int64_t c = 0;
+        for (int64_t j = 0; j < span; ++j) { /* the allowed keys' t_j - mx, in key order */
+            if (mask_row && !mask_row[lo + j]) continue;
+            er[c] = sr[j] - mx;
+            if (holes && r == 0) /* the values of the allowed keys, once for the rows */
+                memcpy(gather + c * d, vb + (lo + j) * d, (size_t)d * sizeof(float));
+            ++c;
+        }
+        nm_expf_array(count, er, er); /* nm_expf of each, several keys at a time */
+        sum[r] = 0.0f;
+        for (int64_t j = 0; j < count; ++j) sum[r] += er[j];
     }
-    nm_expf_array(count, e, e); /* nm_expf of each, several keys at a time */
-    float sum = 0.0f;
-    for (int64_t j = 0; j < count; ++j) sum += e[j];
-    memset(acc, 0, (size_t)d * sizeof(float));
-    job->row->gemv[NM_FMT_F32](count, d, e, (const uint8_t *)(holes ? gather : vb + lo * d),
-                               d * 4, acc, NULL, NULL);
-    for (int64_t x = 0; x < d; ++x) o[x] = acc[x] / sum;
+    memset(acc, 0, (size_t)(rows * d) * sizeof(float));
+    const uint8_t *values = (const uint8_t *)(holes ? gather : vb + lo * d);
+    if (rows == 2)
+        job->row->gemv2[NM_FMT_F32](count, d, e, lk, values, d * 4, acc, d, NULL, NULL);
+    else
+        job->row->gemv[NM_FMT_F32](count, d, e, values, d * 4, acc, NULL, NULL);
+    for (int r = 0; r < rows; ++r)
+        for (int64_t x = 0; x < d; ++x) o[r * ldo + x] = acc[r * d + x] / sum[r];
 }
 
 static void attention_part(void *ctx, int part, int parts) {
@@ -88,14 +107,18 @@ static void attention_part(void *ctx, int part, int parts) {
     if (t0 == t1) return;
     const int64_t lk = job->lk, d = job->d, lq = job->lq;
     const int64_t group = job->heads / job->kv_heads;
-    /* kt (d x lk, unless the keys come transposed), s and e (lk each), gather (lk x d), acc */
+    /* kt (d x lk, unless the keys come transposed), s and e (2 x lk each), gather (lk x d),
+     * acc (2 x d) */
     const int64_t kt_floats = job->keys_transposed ? 0 : d * lk;
-    float *buf = malloc((size_t)(kt_floats + d * lk + 2 * lk + d) * sizeof(float));
+    float *buf = malloc((size_t)(kt_floats + d * lk + 4 * lk + 2 * d) * sizeof(float));
     if (!buf) {
         atomic_store(&job->failed, 1);
         return;
     }
-    float *kt = buf, *s = kt + kt_floats, *e = s + lk, *gather = e + lk, *acc = gather + lk * d;
+    float *kt = buf, *s = kt + kt_floats, *e = s + 2 * lk, *gather = e + 2 * lk;
+    float *acc = gather + lk * d;
+    /* two heads of a group share a mask row unless the mask has one per head */
+    const int pairs = !job->allowed || job->mask_heads == 1;
     for (int64_t t = t0; t < t1; ++t) {
         const int64_t b = t / job->kv_heads, g = t % job->kv_heads;
         const float *kb = job->k + (b * job->kv_heads + g) * job->kv_rows * d;
@@ -107,9 +130,10 @@ static void attention_part(void *ctx, int part, int parts) {
                 for (int64_t x = 0; x < d; ++x) kt[x * lk + j] = kb[j * d + x];
             keys = kt, ldkt = lk;
         }
-        for (int64_t r = 0; r < group; ++r) {
-            const int64_t h = g * group + r;
-            for (int64_t i = 0; i < lq; ++i) {
+        for (int64_t i = 0; i < lq; ++i) {
+            for (int64_t r = 0; r < group;) {
+                const int64_t h = g * group + r;
+                const int rows = pairs && r + 1 < group ? 2 : 1;
                 const float *qi = job->q + ((b * job->heads + h) * lq + i) * d;
                 const uint8_t *mask_row = NULL;
                 if (job->allowed) {
@@ -117,7 +141,9 @@ static void attention_part(void *ctx, int part, int parts) {
                     mask_row = job->allowed + ((b * job->mask_heads + mh) * lq + i) * lk;
                 }
                 float *o = job->out + ((b * lq + i) * job->heads + h) * d;
-                attend_row(job, qi, keys, ldkt, vb, mask_row, s, e, gather, acc, o);
+                attend_rows(job, rows, qi, lq * d, keys, ldkt, vb, mask_row, s, e, gather, acc,
+                            o, d);
+                r += rows;
             }
         }
     }
