@@ -273,9 +273,11 @@ def test_bench_model_llama_quick():
 
     require("transformers")
     out = run_cli("bench", "--model", "llama", "--size", "small", "--quick", "--batch", "1,2",
-                  "--threads", "1")
+                  "--threads", "1", "--context", "40")
     assert out.returncode == 0, out.stderr
     assert_run_line(out.stdout, "1", ("torch", "transformers", "llama-cpp-python"))
+    assert ("4 decode steps x 1 rounds, after a prompt of 40 tokens (batch 2: 33 to 40, "
+            "left-padded)") in out.stdout
     report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
     for system in ("torch f32", "torch bf16", "narrowmm linear", "narrowmm invariant",
                    "narrowmm decoder"):
@@ -305,6 +307,49 @@ def test_bench_model_llama_refuses_a_model_the_memory_cannot_hold():
                                          r"available: use --size small"):
         check_memory(params, 16 << 30)
     check_memory(params, 24 << 30)
+
+
+def test_decode_bench_prompts_for_a_context():
+    """--context N moves the prompts' spread up so that the first (batch 1's, llama.cpp's)
+    holds N tokens; the default is the spread itself."""
+    from narrowmm.bench.llama import PROMPT_LENGTHS, prompt_lengths
+
+    assert prompt_lengths(None) == PROMPT_LENGTHS == (16, 9, 12, 16, 5, 14, 8, 11)
+    assert prompt_lengths(16) == PROMPT_LENGTHS
+    assert prompt_lengths(1024) == (1024, 1017, 1020, 1024, 1013, 1022, 1016, 1019)
+    with pytest.raises(ValueError, match="--context 15: the prompts need at least 16"):
+        prompt_lengths(15)
+
+
+def test_decode_bench_refuses_a_context_the_model_or_the_memory_cannot_hold(monkeypatch):
+    """A prompt and steps past the model's context length, or caches past the memory, are
+    refused before anything loads, naming the option and what would fit."""
+    from conftest import require
+
+    require("transformers")
+    from test_gguf import smollm2_path
+
+    from narrowmm.bench import gguf_model, llama, machine
+
+    quiet = {"progress": lambda _: None}
+    with pytest.raises(SystemExit, match=r"--model llama --context 2040: 2040 prompt tokens "
+                                         r"and 16 decode steps pass the model's context length "
+                                         r"of 2048 positions; use --context 2032 or less"):
+        llama.run("small", [1], [1], rounds=1, steps=16, context=2040, **quiet)
+    path = smollm2_path()
+    assert gguf_model.file_attention(path) == {"layers": 30, "heads": 9, "kv_heads": 3,
+                                               "head_dim": 64, "context_length": 8192}
+    with pytest.raises(SystemExit, match=r"--context 8180: 8180 prompt tokens and 32 decode "
+                                         r"steps pass the model's context length of 8192"):
+        gguf_model.run(path, [1], [1], rounds=1, steps=32, context=8180, **quiet)
+    # batch 8 at 8033 positions: four caches of 2.8 GiB, a layer's prefill scores 35 GiB
+    monkeypatch.setattr(machine, "mem_available", lambda: 16 << 30)
+    with pytest.raises(SystemExit, match=r"\(0\.13 billion parameters\) with --context 8000 "
+                                         r"needs about 48\.3 GiB .* use a smaller --context "
+                                         r"or --batch"):
+        gguf_model.run(path, [1], [1, 8], rounds=1, steps=32, context=8000, **quiet)
+    need = llama.context_bytes(30, 3, 64, 9, 8, 8033)
+    assert need == 4 * 2 * 30 * 3 * 64 * 4 * 8 * 8033 + 2 * 4 * 8 * 9 * 8033 ** 2
 
 
 def test_bench_model_gguf_refuses_a_file_the_memory_cannot_hold(monkeypatch):
@@ -374,9 +419,11 @@ def test_bench_model_gguf_file_quick():
 
     require("transformers")
     require("gguf")
-    out = run_cli("bench", "--model", "smollm2", "--quick", "--batch", "1", "--threads", "1")
+    out = run_cli("bench", "--model", "smollm2", "--quick", "--batch", "1", "--threads", "1",
+                  "--context", "24")
     assert out.returncode == 0, out.stderr
     assert_run_line(out.stdout, "1", ("torch", "transformers", "llama-cpp-python"))
+    assert "8 decode steps x 1 rounds, after a prompt of 24 tokens\n" in out.stdout
     report = out.stdout[out.stdout.index("greedy decode, tokens/s"):]
     for system in ("narrowmm decoder", "narrowmm invariant", "narrowmm linear", "torch f32",
                    "narrowmm decoder bf16", "narrowmm invariant bf16"):
@@ -434,7 +481,13 @@ def test_bench_refuses_a_bad_memory_size():
     (["--model", "smollm2", "--json", "x.json"], "--json: not read by --model smollm2"),
     (["--model", "minilm", "--format", "q4_0", "--no-peers"],
      "--format, --no-peers: not read by --model minilm"),
-    (["--model", "llama", "--shape", "64,64"], "take --batch, --threads, --quick, --size)"),
+    (["--model", "llama", "--shape", "64,64"],
+     "take --batch, --threads, --quick, --size, --context)"),
+    (["--model", "smollm2", "--cache", "warm"], "take --batch, --threads, --quick, --context)"),
+    (["--context", "64"], "--context: only the decode benches (--model llama, smollm2 or a"),
+    (["--model", "minilm", "--context", "64"], "--context: only the decode benches"),
+    (["--model", "llama", "--context", "8"], "the prompts need at least 16 tokens, got '8'"),
+    (["--model", "llama", "--context", "1k"], "expected a number of tokens, got '1k'"),
     (["--size", "small"], "--size: only --model llama takes it"),
     (["--model", "smollm2", "--size", "small"], "--size: only --model llama takes it")])
 def test_bench_refuses_options_its_model_bench_would_ignore(capsys, argv, said):

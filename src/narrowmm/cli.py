@@ -27,6 +27,20 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _context(text: str) -> int:
+    """--context: the first prompt's tokens, at least the default prompts' longest."""
+    from .bench.results import PROMPT_LENGTHS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens, got {text!r}") from None
+    if value < max(PROMPT_LENGTHS):
+        raise argparse.ArgumentTypeError(f"the prompts need at least {max(PROMPT_LENGTHS)} "
+                                         f"tokens, got {text!r}")
+    return value
+
+
 def _model(text: str) -> str:
     """--model: a named model, or a GGUF file that exists."""
     if text in ("minilm", "llama", "smollm2"):
@@ -105,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "logits against float32 (docs/decoder.md)")
     bench.add_argument("--size", choices=["1b", "small"],
                        help="--model llama: Llama-3.2-1B shapes (default) or a small model")
+    bench.add_argument("--context", type=_context, metavar="N",
+                       help="--model llama or a GGUF file: decode after a prompt of N tokens "
+                            "(default 16), to see a step's cost grow with the context; every "
+                            "case prefills its prompts again each round (untimed), so a long "
+                            "context with --batch 8 takes a while")
     return parser
 
 
@@ -120,9 +139,14 @@ def _check_bench_options(parser: argparse.ArgumentParser, args: argparse.Namespa
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         parser.error(f"{flags}: not read by --model {args.model}, which prints its report "
                      "(the model benches take --batch, --threads, --quick"
-                     + (", --size)" if args.model == "llama" else ")"))
+                     + {"llama": ", --size, --context)", "minilm": ")"}.get(args.model,
+                                                                         ", --context)"))
     if args.size and args.model != "llama":
         parser.error("--size: only --model llama takes it")
+    if args.context is not None and not (args.model == "llama" or args.model == "smollm2"
+                                         or (args.model or "").endswith(".gguf")):
+        parser.error("--context: only the decode benches (--model llama, smollm2 or a GGUF "
+                     "file) take it")
 
 
 def main(argv: list[str] | None = None) -> int:

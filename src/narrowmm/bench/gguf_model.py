@@ -16,8 +16,10 @@ The systems, all in this one process, on the same file:
   ``transformers`` (the file's weights rounded to bf16: 3.2x the bytes of a Q4_1 file).
 
 Each case (system, threads, batch) decodes as ``narrowmm bench --model llama`` does
-(``bench/llama.py``): prompts prefilled untimed, each greedy step timed with its argmax,
-rounds of all cases in turns, tokens/s = batch / median step. llama.cpp runs batch 1 only.
+(``bench/llama.py``): prompts prefilled untimed (``--context N``: the first N tokens long,
+the steps then read a cache of N positions and more), each greedy step timed with its
+argmax, rounds of all cases in turns, tokens/s = batch / median step. llama.cpp runs batch 1
+only.
 
 Accuracy: a fixed English text, tokenized by the file's own tokenizer, runs through each
 system one position at a time; every position's logits are compared with ``torch f32``'s
@@ -40,15 +42,17 @@ from .llama import (
     DECODE_PEERS,
     Case,
     LlamaCppSession,
+    check_context,
+    context_bytes,
     format_report,
     llama_cpp_runs,
     profile_decoder,
+    prompt_lengths,
+    prompts_said,
     run_rounds,
     set_threads,
 )
 from .machine import run_line
-
-PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
 
 # The accuracy text: plain prose, written for this benchmark.
 TEXT = (
@@ -95,15 +99,45 @@ def file_parameters(path: Path) -> int:
         return sum(int(np.prod(t.ne, dtype=np.int64)) for t in f.info.values())
 
 
-def check_memory(path: Path, parameters: int, available: int) -> None:
-    """Refuse a run that would not fit in ``available`` bytes, before loading anything."""
-    need = PEAK_BYTES_FLOOR + PEAK_BYTES_PER_PARAMETER * parameters
+def file_attention(path: Path) -> dict[str, int]:
+    """What a GGUF file's metadata says of its attention: ``layers``, ``heads``,
+    ``kv_heads``, ``head_dim`` and ``context_length`` (the positions it was trained for;
+    0 where the file does not say)."""
+    import narrowmm as nm
+
+    with nm.load_gguf(path) as f:
+        meta = f.metadata
+    arch = meta.get("general.architecture")
+
+    def number(key: str, default: int | None = None) -> int:
+        value = meta.get(f"{arch}.{key}", default)
+        if isinstance(value, (list, tuple)):  # per-layer counts: the largest
+            value = max(value) if value else default
+        if value is None:
+            raise SystemExit(f"--model {path}: its metadata has no {arch}.{key}")
+        return int(value)
+
+    heads = number("attention.head_count")
+    return {"layers": number("block_count"), "heads": heads,
+            "kv_heads": number("attention.head_count_kv", heads),
+            "head_dim": number("attention.key_length",
+                               number("embedding_length") // max(heads, 1)),
+            "context_length": number("context_length", 0)}
+
+
+def check_memory(path: Path, parameters: int, available: int, context: int | None = None,
+                 context_need: int = 0) -> None:
+    """Refuse a run that would not fit in ``available`` bytes, before loading anything
+    (``context_need``: what ``--context`` adds, :func:`.llama.context_bytes`)."""
+    need = PEAK_BYTES_FLOOR + PEAK_BYTES_PER_PARAMETER * parameters + context_need
     if need > available:
+        with_context = f" with --context {context}" if context is not None else ""
+        fewer = "a smaller --context or --batch, " if context is not None else ""
         raise SystemExit(f"narrowmm bench --model {path}: this file's model "
-                         f"({parameters / 1e9:.2f} billion parameters) needs about "
-                         f"{need / 2**30:.1f} GiB for the systems it compares, and "
-                         f"{available / 2**30:.1f} GiB are available: use a smaller file, "
-                         f"or a machine with more memory")
+                         f"({parameters / 1e9:.2f} billion parameters){with_context} needs "
+                         f"about {need / 2**30:.1f} GiB for the systems it compares, and "
+                         f"{available / 2**30:.1f} GiB are available: use {fewer}a smaller "
+                         f"file, or a machine with more memory")
 
 
 def build_systems(path: Path, progress: Any) -> dict[str, Any]:
@@ -176,11 +210,20 @@ def accuracy(path: Path, systems: dict[str, Any], have_llama_cpp: bool,
 
 
 def run(path: Path, threads: list[int], batches: list[int], rounds: int, steps: int,
-        progress: Any = print) -> tuple[list[Case], dict[str, Any]]:
+        progress: Any = print, context: int | None = None
+        ) -> tuple[list[Case], dict[str, Any]]:
     from ..torch.invariance import fixed_prompts
     from .machine import mem_available
 
-    check_memory(path, file_parameters(path), mem_available())
+    lengths = prompt_lengths(context)
+    context_need = 0
+    if context is not None:
+        shape = file_attention(path)
+        if shape["context_length"]:
+            check_context(str(path), context, steps, shape["context_length"])
+        context_need = context_bytes(shape["layers"], shape["kv_heads"], shape["head_dim"],
+                                     shape["heads"], max(batches), max(lengths) + steps + 1)
+    check_memory(path, file_parameters(path), mem_available(), context, context_need)
     try:
         import llama_cpp  # noqa: F401
         have_llama_cpp = True
@@ -191,15 +234,16 @@ def run(path: Path, threads: list[int], batches: list[int], rounds: int, steps: 
         have_llama_cpp = llama_cpp_runs(path, progress)
     systems = build_systems(path, progress)
     config = systems["narrowmm invariant"].config
-    prompts = fixed_prompts(config.vocab_size, lengths=PROMPT_LENGTHS)
-    sessions = {("llama.cpp", t): LlamaCppSession(path, t, n_ctx=max(PROMPT_LENGTHS) + steps + 8)
+    prompts = fixed_prompts(config.vocab_size, lengths=lengths)
+    sessions = {("llama.cpp", t): LlamaCppSession(path, t, n_ctx=max(lengths) + steps + 8)
                 for t in threads} if have_llama_cpp else {}
     names = (["llama.cpp"] if have_llama_cpp else []) + list(systems)
     cases = [Case(name, t, b) for b in batches for t in threads for name in names
              if not (name == "llama.cpp" and b != 1)]
     run_rounds(cases, rounds, prompts, steps, systems, sessions, progress)
     info: dict[str, Any] = {"path": str(path), "parameters": sum(
-        p.numel() for p in systems["torch f32"].parameters()), "profile": {}}
+        p.numel() for p in systems["torch f32"].parameters()), "profile": {},
+        "prompt_lengths": lengths}
     for name in ("narrowmm decoder", "narrowmm decoder bf16"):
         for t in threads:
             for b in batches:
@@ -229,10 +273,10 @@ def main(args: Any) -> int:
     rounds, steps = (1, 8) if args.quick else (3, 32)
     print(run_line(threads, DECODE_PEERS))
     t0 = time.perf_counter()
-    cases, info = run(path, threads, batches, rounds, steps)
+    cases, info = run(path, threads, batches, rounds, steps, context=args.context)
     print()
     print(f"{path.name} ({info['parameters'] / 1e6:.0f} million parameters), {steps} decode "
-          f"steps x {rounds} rounds")
+          f"steps x {rounds} rounds, {prompts_said(info['prompt_lengths'], batches)}")
     print(format_report(cases, info))
     print()
     print("greedy tokens at batch 1 equal narrowmm decoder's: " + ", ".join(

@@ -19,7 +19,8 @@ after ``convert``: the embedding and norm weights are widened exactly, narrowmm'
 stay bf16), as llama.cpp does with F16 / BF16 weights.
 
 A case is (system, threads, batch). A session prefills the prompts (left-padded for a batch;
-not timed), then decodes ``steps`` greedy tokens, each step timed alone: one forward pass
+not timed; ``--context N`` makes the first N tokens long, :func:`prompt_lengths`), then
+decodes ``steps`` greedy tokens, each step timed alone: one forward pass
 of one token per sequence with the KV cache, and the argmax. Tokens/s = batch / median
 step. Rounds of every case run in turns (the order rotating), so all systems see the same
 stretch of a drifting machine. Threads: PyTorch systems ``torch.set_num_threads(t)``;
@@ -46,10 +47,45 @@ from typing import Any
 import numpy as np
 
 from .machine import run_line
+from .results import PROMPT_LENGTHS
 
-PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
 # the packages behind the decode benches' peers, whose versions the first line gives
 DECODE_PEERS = ("llama-cpp-python", "torch", "transformers")
+# key/value caches of the longest batch that can be alive at once in a decode bench: the two
+# Decoders' (kept between cases) and the transformers model's of the case running, with
+# room for its prefill's copies
+LIVE_KV_CACHES = 4
+
+
+def prompt_lengths(context: int | None) -> tuple[int, ...]:
+    """The prompts' lengths: :data:`PROMPT_LENGTHS`, or for ``--context N`` the same spread
+    moved up to end at N, so that the first prompt (the one batch 1 and llama.cpp decode)
+    holds N tokens and the decode steps attend to N positions and more."""
+    if context is None:
+        return PROMPT_LENGTHS
+    top = max(PROMPT_LENGTHS)
+    if context < top:
+        raise ValueError(f"--context {context}: the prompts need at least {top} tokens")
+    return tuple(context - top + n for n in PROMPT_LENGTHS)
+
+
+def context_bytes(layers: int, kv_heads: int, head_dim: int, heads: int, batch: int,
+                  positions: int) -> int:
+    """What a batch of ``positions``-long sequences adds to a decode bench's peak: the
+    float32 key/value caches alive at once (:data:`LIVE_KV_CACHES`) and one layer's prefill
+    attention scores and their softmax (``batch * heads * positions**2`` floats each)."""
+    cache = 2 * layers * kv_heads * head_dim * 4 * batch * positions
+    return LIVE_KV_CACHES * cache + 2 * 4 * batch * heads * positions * positions
+
+
+def check_context(what: str, context: int, steps: int, limit: int) -> None:
+    """Refuse a ``--context`` whose prompt and decode steps pass the model's context length
+    (``limit`` positions), before anything is loaded."""
+    if context + steps > limit:
+        raise SystemExit(f"narrowmm bench --model {what} --context {context}: {context} "
+                         f"prompt tokens and {steps} decode steps pass the model's context "
+                         f"length of {limit} positions; use --context {max(limit - steps, 1)} "
+                         f"or less")
 
 
 @dataclass
@@ -421,14 +457,18 @@ def profile_step(model: Any, prompts: list[list[int]], steps: int) -> dict[str, 
 PEAK_BYTES_PER_PARAMETER = 19
 
 
-def check_memory(parameters: int, available: int) -> None:
-    """Refuse a run that would not fit in ``available`` bytes, before building anything."""
-    need = PEAK_BYTES_PER_PARAMETER * parameters
+def check_memory(parameters: int, available: int, context: int | None = None,
+                 context_need: int = 0) -> None:
+    """Refuse a run that would not fit in ``available`` bytes, before building anything
+    (``context_need``: what ``--context`` adds, :func:`context_bytes`)."""
+    need = PEAK_BYTES_PER_PARAMETER * parameters + context_need
     if need > available:
+        with_context = f" with --context {context}" if context is not None else ""
+        fewer = " or a smaller --context or --batch" if context is not None else ""
         raise SystemExit(f"narrowmm bench --model llama: this model ({parameters / 1e9:.2f} "
-                         f"billion parameters) needs about {need / 2**30:.1f} GiB, and "
-                         f"{available / 2**30:.1f} GiB are available: use --size small, or "
-                         f"a machine with more memory")
+                         f"billion parameters){with_context} needs about "
+                         f"{need / 2**30:.1f} GiB, and {available / 2**30:.1f} GiB are "
+                         f"available: use --size small{fewer}, or a machine with more memory")
 
 
 def parameter_count(config: Any) -> int:
@@ -442,20 +482,30 @@ def parameter_count(config: Any) -> int:
 
 
 def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: int,
-        progress: Any = print) -> tuple[list[Case], dict[str, Any]]:
+        progress: Any = print, context: int | None = None
+        ) -> tuple[list[Case], dict[str, Any]]:
     import torch
 
     from ..torch import invariance as inv
     from .machine import mem_available
 
     config = inv.llama_config(size)
-    check_memory(parameter_count(config), mem_available())
+    lengths = prompt_lengths(context)
+    if context is not None:
+        check_context("llama", context, steps, config.max_position_embeddings)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size
+                                                     // config.num_attention_heads)
+    check_memory(parameter_count(config), mem_available(), context, context_bytes(
+        config.num_hidden_layers, config.num_key_value_heads, head_dim,
+        config.num_attention_heads, max(batches), max(lengths) + steps + 1)
+        if context is not None else 0)
     # batch 1 decodes the first prompt; batch 8 all of them, left-padded
-    prompts = inv.fixed_prompts(config.vocab_size, lengths=PROMPT_LENGTHS)
+    prompts = inv.fixed_prompts(config.vocab_size, lengths=lengths)
     progress(f"building the {size} model (random bf16 weights)...")
     base = inv.random_llama(config, torch.bfloat16)
     params = sum(p.numel() for p in base.parameters())
-    info = {"size": size, "parameters": params, "config": config.to_dict()}
+    info = {"size": size, "parameters": params, "config": config.to_dict(),
+            "prompt_lengths": lengths}
     systems: dict[str, Any] = {}
     tmp = tempfile.TemporaryDirectory(prefix="narrowmm-bench-llama-")
     try:
@@ -475,7 +525,7 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
                 continue
             for t in threads:
                 llama_cpp_sessions[(f"llama.cpp {fmt}", t)] = LlamaCppSession(
-                    path, t, n_ctx=max(PROMPT_LENGTHS) + steps + 8)
+                    path, t, n_ctx=max(lengths) + steps + 8)
     progress("converting...")
     systems.update(build_torch_systems(base))
     names = sorted({s for s, _ in llama_cpp_sessions}) + list(systems)
@@ -491,6 +541,15 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
                 info["profile"][(name, t, b)] = profile(systems[name], prompts[:b], steps)
     tmp.cleanup()
     return cases, info
+
+
+def prompts_said(lengths: tuple[int, ...], batches: list[int]) -> str:
+    """The report's words for the prompts the decode steps follow."""
+    said = f"after a prompt of {lengths[0]} tokens"
+    if max(batches) > 1:
+        batch = lengths[:max(batches)]
+        said += f" (batch {max(batches)}: {min(batch)} to {max(batch)}, left-padded)"
+    return said
 
 
 def format_report(cases: list[Case], info: dict[str, Any]) -> str:
@@ -560,10 +619,11 @@ def main(args: Any) -> int:
     rounds, steps = (1, 4) if args.quick else (3, 16)
     print(run_line(threads, DECODE_PEERS))
     t0 = time.perf_counter()
-    cases, info = run(size, threads, batches, rounds, steps)
+    cases, info = run(size, threads, batches, rounds, steps, context=args.context)
     print()
     print(f"Llama-architecture model, {size} shapes ({info['parameters'] / 1e9:.2f} billion "
-          f"parameters, random bf16 weights), {steps} decode steps x {rounds} rounds")
+          f"parameters, random bf16 weights), {steps} decode steps x {rounds} rounds, "
+          f"{prompts_said(info['prompt_lengths'], batches)}")
     print(format_report(cases, info))
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0

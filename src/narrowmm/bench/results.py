@@ -28,6 +28,9 @@ GGUF_CONVERTED_FORMATS = {"q5_0": ("Q5_0", "q8_0"), "q2_k": ("Q2_K", "q4_1"),
 # narrowmm formats timed on request only (--format), like the converted types
 ON_REQUEST_FORMATS = ("q5_1",)
 BENCH_FORMATS = (*NARROWMM_FORMATS, *ON_REQUEST_FORMATS, *GGUF_CONVERTED_FORMATS)
+# the decode benches' (--model llama, --model PATH.gguf) prompts' lengths: batch 1 decodes
+# the first, batch 8 all of them, left-padded; --context N moves the spread up to end at N
+PROMPT_LENGTHS = (16, 9, 12, 16, 5, 14, 8, 11)
 # narrowmm on row-major Weights, and on Weights.pack() of the same matrix
 NARROWMM_SYSTEMS = ("narrowmm", "narrowmm-packed")
 SLOW_CALL_S = 4.0  # a system whose single call takes longer is skipped for that case
