@@ -218,6 +218,8 @@ typedef float (*nm_probe_read_fn)(const float *buf, int64_t n);
 
 /* y[i] = silu(x[i]) for i < n (y may be x) */
 typedef void (*nm_silu_fn)(int64_t n, const float *x, float *y);
+/* y[i] = nm_expf(x[i]) for i < n (y may be x) */
+typedef void (*nm_expf_fn)(int64_t n, const float *x, float *y);
 
 /* out[r * w + x] = f[x] * (float)c[r * ldc + x] for r < rows, x < w: rows of a factored
  * grid's codes (nm_scales.c8, ldc apart) times their super-block's factors, one float32
@@ -287,6 +289,9 @@ typedef struct nm_isa_kernels {
      * double vectors (NM_DEFINE_SILU_ARRAY), so the same bits on every row */
     nm_silu_fn silu;
     const char *silu_name;
+    /* attention's softmax exps, the same way (NM_DEFINE_EXPF_ARRAY) */
+    nm_expf_fn expf;
+    const char *expf_name;
     nm_widen_factored_fn widen_factored;
     const char *widen_factored_name;
 } nm_isa_kernels;

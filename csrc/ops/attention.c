@@ -86,7 +86,7 @@ static void attend_rows(const attention_job *job, int rows, const float *qi, int
                 memcpy(gather + c * d, vb + (lo + j) * d, (size_t)d * sizeof(float));
             ++c;
         }
-        nm_expf_array(count, er, er); /* nm_expf of each, several keys at a time */
+        job->row->expf(count, er, er); /* nm_expf of each, on the row's widest vectors */
         sum[r] = 0.0f;
         for (int64_t j = 0; j < count; ++j) sum[r] += er[j];
     }

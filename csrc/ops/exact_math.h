@@ -104,13 +104,12 @@ static inline float nm_silu_value(float x) {
         return (VD)(((VI)e & ~nan) | ((VI)x & nan));                                        \
     }
 
-/* y[i] = x[i] / (1 + e^-x[i]) (SiLU, nm_silu_value) for i < n, y may be x: four vectors of
- * LANES a step, independent chains that hide the polynomial's latency; the rest one at a
- * time. EXP is an NM_DEFINE_VECTOR_EXP function on VD. */
-#define NM_DEFINE_SILU_ARRAY(NAME, VD, LANES, EXP)                                           \
+/* y[i] = F(x[i]) for i < n, y may be x, F a function of one float computed in double and
+ * rounded once: four vectors of LANES a step (VOP on each, the VD version of F), independent
+ * chains that hide the polynomial's latency; the rest one at a time (SOP, its scalar one). */
+#define NM_DEFINE_DOUBLE_LANES_ARRAY_(NAME, VD, LANES, VOP, SOP)                             \
     static inline void NAME(int64_t n, const float *x, float *y) {                          \
         int64_t i = 0;                                                                       \
-        const VD one = (VD){0} + 1.0;                                                        \
         for (; i + 4 * (LANES) <= n; i += 4 * (LANES)) {                                     \
             VD v[4];                                                                         \
             for (int j = 0; j < 4; ++j) {                                                    \
@@ -118,12 +117,22 @@ static inline float nm_silu_value(float x) {
                 for (int l = 0; l < (LANES); ++l) w[l] = (double)x[i + j * (LANES) + l];     \
                 v[j] = w;                                                                    \
             }                                                                                \
-            for (int j = 0; j < 4; ++j) v[j] = v[j] / (one + EXP(-v[j]));                    \
+            for (int j = 0; j < 4; ++j) v[j] = VOP(v[j]);                                    \
             for (int j = 0; j < 4; ++j)                                                      \
                 for (int l = 0; l < (LANES); ++l) y[i + j * (LANES) + l] = (float)v[j][l];   \
         }                                                                                    \
-        for (; i < n; ++i) y[i] = nm_silu_value(x[i]);                                       \
+        for (; i < n; ++i) y[i] = SOP(x[i]);                                                 \
     }
+
+/* y[i] = x[i] / (1 + e^-x[i]) (SiLU, nm_silu_value) for i < n, y may be x. EXP is an
+ * NM_DEFINE_VECTOR_EXP function on VD. */
+#define NM_DEFINE_SILU_ARRAY(NAME, VD, LANES, EXP)                                           \
+    static inline VD NAME##_lanes_(VD v) { return v / (((VD){0} + 1.0) + EXP(-v)); }         \
+    NM_DEFINE_DOUBLE_LANES_ARRAY_(NAME, VD, LANES, NAME##_lanes_, nm_silu_value)
+
+/* y[i] = nm_expf(x[i]) for i < n, y may be x: softmax's exps, the same way. */
+#define NM_DEFINE_EXPF_ARRAY(NAME, VD, LANES, EXP)                                           \
+    NM_DEFINE_DOUBLE_LANES_ARRAY_(NAME, VD, LANES, EXP, nm_expf)
 
 typedef double nm_v2d __attribute__((vector_size(16)));
 typedef int64_t nm_v2i __attribute__((vector_size(16)));
@@ -131,19 +140,16 @@ typedef uint64_t nm_v2u __attribute__((vector_size(16)));
 NM_DEFINE_VECTOR_EXP(nm_exp_v2d, nm_v2d, nm_v2i, nm_v2u)
 #endif
 
-/* y[i] = nm_expf(x[i]) for i < n (y may be x): the same values, eight a step as below. */
-static inline void nm_expf_array(int64_t n, const float *x, float *y) {
-    int64_t i = 0;
+/* y[i] = nm_expf(x[i]) for i < n (y may be x), two lanes at a time: the portable rows'
+ * softmax exps (the SIMD rows have wider copies of the same operations:
+ * nm_isa_kernels.expf). */
 #if defined(NM_HAVE_VECTOR_EXP)
-    for (; i + 8 <= n; i += 8) {
-        nm_v2d v[4];
-        for (int j = 0; j < 4; ++j) v[j] = (nm_v2d){(double)x[i + 2 * j], (double)x[i + 2 * j + 1]};
-        for (int j = 0; j < 4; ++j) v[j] = nm_exp_v2d(v[j]);
-        for (int j = 0; j < 8; ++j) y[i + j] = (float)v[j / 2][j % 2];
-    }
-#endif
-    for (; i < n; ++i) y[i] = nm_expf(x[i]);
+NM_DEFINE_EXPF_ARRAY(nm_expf_array, nm_v2d, 2, nm_exp_v2d)
+#else
+static inline void nm_expf_array(int64_t n, const float *x, float *y) {
+    for (int64_t i = 0; i < n; ++i) y[i] = nm_expf(x[i]);
 }
+#endif
 
 /* y[i] = nm_silu_value(x[i]) for i < n (y may be x), two lanes at a time: the portable
  * rows' SiLU (the SIMD rows have wider copies of the same operations: nm_isa_kernels.silu). */

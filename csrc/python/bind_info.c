@@ -170,8 +170,10 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
         if (r->decode8[fmt]) return Py_BuildValue("[s]", r->decode8_name[fmt]);
         return r->decode[fmt] ? Py_BuildValue("[s]", r->decode_name[fmt]) : PyList_New(0);
     }
-    if (strcmp(op, "silu") == 0) /* the model op with a kernel per row (any fmt) */
+    if (strcmp(op, "silu") == 0) /* the model ops with a kernel per row (any fmt) */
         return Py_BuildValue("[s]", r->silu_name);
+    if (strcmp(op, "expf") == 0)
+        return Py_BuildValue("[s]", r->expf_name);
     if (strcmp(op, "widen_factored") == 0) /* the K types' factored grids (any fmt) */
         return Py_BuildValue("[s]", r->widen_factored_name);
     PyErr_Format(PyExc_ValueError, "unknown operation '%s'", op);

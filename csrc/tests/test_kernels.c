@@ -15,6 +15,7 @@
 #include "../frame/threads.h"
 #include "../include/narrowmm.h"
 #include "../codecs/codec_scalar.h" /* binary16 scales for the half-grid cases */
+#include "../ops/exact_math.h"         /* nm_expf: the row's softmax exps element by element */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h> /* _mm_getcsr: the denormal-operand flag */
@@ -701,8 +702,39 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
 
 /* The model ops (ops/): a row and thread count give the scalar row's one-thread bits; a
  * guard cell after each output is never written; hidden keys hold NaN and change nothing. */
+/* The row's softmax exps (nm_isa_kernels.expf) against nm_expf one element at a time:
+ * softmax's range and past the clamps, specials in every lane of a vector, lengths that end
+ * in each part of the loop, out of place and in place. */
+static void test_softmax_exp(const nm_isa_kernels *row) {
+    const int64_t n = 1003;
+    float *x = xmalloc((size_t)n * 4), *y = xmalloc((size_t)(n + 1) * 4);
+    float *want = xmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; ++i) x[i] = 50.0f * next_float() - 10.0f; /* about -110..90 */
+    const float specials[] = {NAN, INFINITY, -INFINITY, 800.0f, -800.0f, 1e-40f, -0.0f,
+                              88.72f, -103.97f, -745.2f, 709.8f, 0.0f};
+    for (int i = 0; i < 12; ++i)
+        for (int64_t at = 5 + i; at < n; at += 97) x[at] = specials[i];
+    for (int64_t i = 0; i < n; ++i) want[i] = nm_expf(x[i]);
+    long bad = 0;
+    const int64_t lengths[] = {0, 1, 7, 8, 31, 32, 33, 65, 100, n};
+    for (int l = 0; l < 10; ++l) {
+        const int64_t len = lengths[l];
+        y[len] = GUARD;
+        row->expf(len, x, y);
+        for (int64_t i = 0; i < len; ++i) bad += !same(y[i], want[i]);
+        bad += bits_of(y[len]) != bits_of(GUARD);
+    }
+    memcpy(y, x, (size_t)n * 4);
+    row->expf(n, y, y);
+    for (int64_t i = 0; i < n; ++i) bad += !same(y[i], want[i]);
+    expect(bad == 0, "%s %s: %ld exps differ from nm_expf", row->isa, row->expf_name, bad);
+    free(x), free(y), free(want);
+}
+
 static void test_model_ops(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
-    const int64_t batch = 3, heads = 4, kv_heads = 2, lq = 5, lk = 23, d = 40;
+    /* lk: the softmax's exps run through the row's vectors and its tail (32 a step on
+     * avx512) */
+    const int64_t batch = 3, heads = 4, kv_heads = 2, lq = 5, lk = 75, d = 40;
     const int64_t nq = batch * heads * lq * d, nk = batch * kv_heads * lk * d;
     float *q = xmalloc((size_t)nq * 4), *k = xmalloc((size_t)nk * 4), *v = xmalloc((size_t)nk * 4);
     float *o_ref = xmalloc((size_t)(nq + 1) * 4), *o_got = xmalloc((size_t)(nq + 1) * 4);
@@ -983,6 +1015,7 @@ int main(void) {
         test_no_subnormal_operands(&row, &ref);
 #endif
         test_shapes(&row, &ref);
+        test_softmax_exp(&row);
         test_model_ops(&row, &ref);
         test_decoder_step(&row, &ref);
         printf("row %s: %s\n", row.isa, failed == before ? "ok" : "FAILED");

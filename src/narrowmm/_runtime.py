@@ -107,10 +107,11 @@ def runtime_info() -> dict[str, Any]:
         "providers": [{"name": p.name, "priority": p.priority, "available": p.available(),
                        "reason": p.unavailable_reason()} for p in providers()],
         "kernels": kernels,
-        # narrowmm.ops (the C core only): SiLU has a kernel per ISA row, RMS norm and
-        # attention one portable C function each
+        # narrowmm.ops (the C core only): SiLU and attention's softmax exps have a kernel
+        # per ISA row, RMS norm and attention one portable C function each
         "model_ops": ({"silu": c.kernel_names("silu", 0)[0], "rms_norm": "ops/rowops.c",
-                       "attention": "ops/attention.c"} if c else {}),
+                       "attention": "ops/attention.c",
+                       "softmax_exp": c.kernel_names("expf", 0)[0]} if c else {}),
         # what multiplies out the K types' factored grids of scales for the kernels, and
         # whether packed weights make them (NARROWMM_FACTORED_SCALES; None: a bad value)
         "factored_scales": c.kernel_names("widen_factored", 0)[0] if c else None,

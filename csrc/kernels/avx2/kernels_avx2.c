@@ -10,7 +10,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
-#include "../../ops/exact_math.h" /* SiLU: one body, as wide as the row's vectors */
+#include "../../ops/exact_math.h" /* SiLU, exp: one body, as wide as the row's vectors */
 #include "../x86_common.h"
 
 #define MR 4
@@ -755,13 +755,14 @@ static float probe_read_avx2(const float *buf, int64_t n) {
     return out[0] + out[7];
 }
 
-/* ---- SiLU: ops/exact_math.h's operations, 4 doubles a vector ---------------------- */
+/* ---- SiLU and exp: ops/exact_math.h's operations, 4 doubles a vector -------- */
 
 typedef double v4d_avx2 __attribute__((vector_size(32)));
 typedef int64_t v4i_avx2 __attribute__((vector_size(32)));
 typedef uint64_t v4u_avx2 __attribute__((vector_size(32)));
 NM_DEFINE_VECTOR_EXP(exp_v4d_avx2, v4d_avx2, v4i_avx2, v4u_avx2)
 NM_DEFINE_SILU_ARRAY(silu_avx2, v4d_avx2, 4, exp_v4d_avx2)
+NM_DEFINE_EXPF_ARRAY(expf_avx2, v4d_avx2, 4, exp_v4d_avx2)
 
 /* ---- a factored grid's blocks multiplied out (the frame's, for the K types) ---------
  * 8 codes a step: widened, converted (exact), times the factors. The plain loop compiled
@@ -775,6 +776,8 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
     row->isa = "avx2";
     row->silu = silu_avx2;
     row->silu_name = "silu_avx2";
+    row->expf = expf_avx2;
+    row->expf_name = "expf_avx2";
     row->widen_factored = widen_factored_avx2;
     row->widen_factored_name = "widen_factored_avx2";
     row->mr = MR;

@@ -16,7 +16,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
-#include "../../ops/exact_math.h" /* SiLU: one body, as wide as the row's vectors */
+#include "../../ops/exact_math.h" /* SiLU, exp: one body, as wide as the row's vectors */
 #include "../x86_common.h"
 
 #define MR 8
@@ -809,13 +809,14 @@ static float probe_read_avx512(const float *buf, int64_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-/* ---- SiLU: ops/exact_math.h's operations, 8 doubles a vector ---------------------- */
+/* ---- SiLU and exp: ops/exact_math.h's operations, 8 doubles a vector -------- */
 
 typedef double v8d_avx512 __attribute__((vector_size(64)));
 typedef int64_t v8i_avx512 __attribute__((vector_size(64)));
 typedef uint64_t v8u_avx512 __attribute__((vector_size(64)));
 NM_DEFINE_VECTOR_EXP(exp_v8d_avx512, v8d_avx512, v8i_avx512, v8u_avx512)
 NM_DEFINE_SILU_ARRAY(silu_avx512, v8d_avx512, 8, exp_v8d_avx512)
+NM_DEFINE_EXPF_ARRAY(expf_avx512, v8d_avx512, 8, exp_v8d_avx512)
 
 /* ---- a factored grid's blocks multiplied out (the frame's, for the K types) --------- */
 
@@ -827,6 +828,8 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     row->isa = "avx512";
     row->silu = silu_avx512;
     row->silu_name = "silu_avx512";
+    row->expf = expf_avx512;
+    row->expf_name = "expf_avx512";
     row->widen_factored = widen_factored_avx512;
     row->widen_factored_name = "widen_factored_avx512";
     row->mr = MR;

@@ -7,7 +7,7 @@
 
 #include "../kernel_common.h"
 #include "../nm_kernels.h"
-#include "../../ops/exact_math.h" /* SiLU: one body, as wide as the row's vectors */
+#include "../../ops/exact_math.h" /* SiLU, exp: one body, as wide as the row's vectors */
 
 /* One definition of each gemv: straight i-p-j, B streamed row by row exactly once. */
 #define NM_DEFINE_GEMV(NAME, LOAD)                                                         \
@@ -182,8 +182,9 @@ static float probe_read_scalar(const float *buf, int64_t n) {
     return s;
 }
 
-/* SiLU: ops/exact_math.h's two-lane version (GNU C vectors; plain C elsewhere) */
+/* SiLU and exp: ops/exact_math.h's two-lane versions (GNU C vectors; plain C elsewhere) */
 static void silu_scalar(int64_t n, const float *x, float *y) { nm_silu_array(n, x, y); }
+static void expf_scalar(int64_t n, const float *x, float *y) { nm_expf_array(n, x, y); }
 NM_DEFINE_WIDEN_FACTORED(widen_factored_scalar)
 
 NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
@@ -204,6 +205,8 @@ NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     row->ukernel_name = "ukernel_4x8_scalar";
     row->silu = silu_scalar;
     row->silu_name = "silu_scalar";
+    row->expf = expf_scalar;
+    row->expf_name = "expf_scalar";
     row->widen_factored = widen_factored_scalar;
     row->widen_factored_name = "widen_factored_scalar";
     NM_SET_MATMUL_SLOTS(row, ukernel_pack, scalar);
