@@ -31,6 +31,7 @@ def test_info_json_schema():
     # the row's own SiLU, or the portable one it inherits (neon has none of its own); so for
     # the loop that multiplies out the K types' factored scales
     assert info["model_ops"]["silu"] in (f"silu_{info['isa']}", "silu_scalar")
+    assert info["model_ops"]["softmax_exp"] in (f"expf_{info['isa']}", "expf_scalar")
     assert info["factored_scales"] in (f"widen_factored_{info['isa']}", "widen_factored_scalar")
     # the avx2 row's own m = 1 walks on factored grids and its m == 4 walks on them
     # multiplied out; the avx512 row's own m = 1 and m = 2 walks (the others' frame
@@ -338,18 +339,21 @@ def test_decode_bench_refuses_a_context_the_model_or_the_memory_cannot_hold(monk
         llama.run("small", [1], [1], rounds=1, steps=16, context=2040, **quiet)
     path = smollm2_path()
     assert gguf_model.file_attention(path) == {"layers": 30, "heads": 9, "kv_heads": 3,
-                                               "head_dim": 64, "context_length": 8192}
+                                               "head_dim": 64, "vocab": 49152,
+                                               "context_length": 8192}
     with pytest.raises(SystemExit, match=r"--context 8180: 8180 prompt tokens and 32 decode "
                                          r"steps pass the model's context length of 8192"):
         gguf_model.run(path, [1], [1], rounds=1, steps=32, context=8180, **quiet)
-    # batch 8 at 8033 positions: four caches of 2.8 GiB, a layer's prefill scores 35 GiB
+    # batch 8 at 8040 positions, one llama.cpp context: 4 x 8 + 3 caches of 0.35 GiB, a
+    # layer's prefill scores 35 GiB, the prefill's logits 2 x 12 GiB
+    need = llama.context_bytes(30, 3, 64, 9, 49152, 8, 8040, 1)
+    assert need == ((4 * 8 + 3) * 2 * 30 * 3 * 64 * 4 * 8040 + 2 * 4 * 8 * 9 * 8040 ** 2
+                    + 2 * 4 * 8 * 8040 * 49152)
     monkeypatch.setattr(machine, "mem_available", lambda: 16 << 30)
     with pytest.raises(SystemExit, match=r"\(0\.13 billion parameters\) with --context 8000 "
-                                         r"needs about 48\.3 GiB .* use a smaller --context "
+                                         r"needs about 72\.9 GiB .* use a smaller --context "
                                          r"or --batch"):
         gguf_model.run(path, [1], [1, 8], rounds=1, steps=32, context=8000, **quiet)
-    need = llama.context_bytes(30, 3, 64, 9, 8, 8033)
-    assert need == 4 * 2 * 30 * 3 * 64 * 4 * 8 * 8033 + 2 * 4 * 8 * 9 * 8033 ** 2
 
 
 def test_bench_model_gguf_refuses_a_file_the_memory_cannot_hold(monkeypatch):

@@ -101,8 +101,8 @@ def file_parameters(path: Path) -> int:
 
 def file_attention(path: Path) -> dict[str, int]:
     """What a GGUF file's metadata says of its attention: ``layers``, ``heads``,
-    ``kv_heads``, ``head_dim`` and ``context_length`` (the positions it was trained for;
-    0 where the file does not say)."""
+    ``kv_heads``, ``head_dim``, ``vocab`` (the tokens) and ``context_length`` (the positions
+    it was trained for; 0 where the file does not say)."""
     import narrowmm as nm
 
     with nm.load_gguf(path) as f:
@@ -118,7 +118,9 @@ def file_attention(path: Path) -> dict[str, int]:
         return int(value)
 
     heads = number("attention.head_count")
-    return {"layers": number("block_count"), "heads": heads,
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = number("vocab_size", len(tokens) if tokens is not None else None)
+    return {"layers": number("block_count"), "heads": heads, "vocab": vocab,
             "kv_heads": number("attention.head_count_kv", heads),
             "head_dim": number("attention.key_length",
                                number("embedding_length") // max(heads, 1)),
@@ -222,7 +224,8 @@ def run(path: Path, threads: list[int], batches: list[int], rounds: int, steps: 
         if shape["context_length"]:
             check_context(str(path), context, steps, shape["context_length"])
         context_need = context_bytes(shape["layers"], shape["kv_heads"], shape["head_dim"],
-                                     shape["heads"], max(batches), max(lengths) + steps + 1)
+                                     shape["heads"], shape["vocab"], max(batches),
+                                     max(lengths) + steps + 8, len(threads))
     check_memory(path, file_parameters(path), mem_available(), context, context_need)
     try:
         import llama_cpp  # noqa: F401

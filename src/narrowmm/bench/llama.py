@@ -51,10 +51,13 @@ from .results import PROMPT_LENGTHS
 
 # the packages behind the decode benches' peers, whose versions the first line gives
 DECODE_PEERS = ("llama-cpp-python", "torch", "transformers")
-# key/value caches of the longest batch that can be alive at once in a decode bench: the two
-# Decoders' (kept between cases) and the transformers model's of the case running, with
-# room for its prefill's copies
+# float32 key/value caches of the longest batch alive at once in a decode bench: the two
+# Decoders' (kept between cases), the transformers model's of the case running and the heap
+# its prefill leaves behind; and what a llama.cpp context of n_ctx positions holds, in
+# float32 caches of the same positions (its f16 cache and compute buffers: 0.67 GB at 1065
+# positions on the Qwen3-shaped file, docs/results/bench-context-zen4-2026-12-07.txt)
 LIVE_KV_CACHES = 4
+LLAMA_CPP_KV_CACHES = 3
 
 
 def prompt_lengths(context: int | None) -> tuple[int, ...]:
@@ -69,13 +72,21 @@ def prompt_lengths(context: int | None) -> tuple[int, ...]:
     return tuple(context - top + n for n in PROMPT_LENGTHS)
 
 
-def context_bytes(layers: int, kv_heads: int, head_dim: int, heads: int, batch: int,
-                  positions: int) -> int:
+def context_bytes(layers: int, kv_heads: int, head_dim: int, heads: int, vocab: int,
+                  batch: int, positions: int, llama_cpp_contexts: int) -> int:
     """What a batch of ``positions``-long sequences adds to a decode bench's peak: the
-    float32 key/value caches alive at once (:data:`LIVE_KV_CACHES`) and one layer's prefill
-    attention scores and their softmax (``batch * heads * positions**2`` floats each)."""
-    cache = 2 * layers * kv_heads * head_dim * 4 * batch * positions
-    return LIVE_KV_CACHES * cache + 2 * 4 * batch * heads * positions * positions
+    float32 key/value caches alive at once (:data:`LIVE_KV_CACHES` of the batch,
+    :data:`LLAMA_CPP_KV_CACHES` of one sequence per llama.cpp context), one layer's prefill
+    attention scores and their softmax (``batch * heads * positions**2`` floats each), and
+    the prefill's logits, which ``transformers`` computes for every position (twice: the
+    output layer's result and a copy). On the Qwen3-shaped file at 1024 positions, batch 1,
+    1 and 2 threads: 3.0 GB, where the run's peak was 3.1 GB above a run with the default
+    prompts (docs/results/bench-context-zen4-2026-12-07.txt)."""
+    cache = 2 * layers * kv_heads * head_dim * 4 * positions  # one sequence's
+    scores = 2 * 4 * batch * heads * positions * positions
+    logits = 2 * 4 * batch * positions * vocab
+    return ((LIVE_KV_CACHES * batch + LLAMA_CPP_KV_CACHES * llama_cpp_contexts) * cache
+            + scores + logits)
 
 
 def check_context(what: str, context: int, steps: int, limit: int) -> None:
@@ -497,8 +508,8 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
                                                      // config.num_attention_heads)
     check_memory(parameter_count(config), mem_available(), context, context_bytes(
         config.num_hidden_layers, config.num_key_value_heads, head_dim,
-        config.num_attention_heads, max(batches), max(lengths) + steps + 1)
-        if context is not None else 0)
+        config.num_attention_heads, config.vocab_size, max(batches), max(lengths) + steps + 8,
+        2 * len(threads)) if context is not None else 0)  # F16 and BF16 files
     # batch 1 decodes the first prompt; batch 8 all of them, left-padded
     prompts = inv.fixed_prompts(config.vocab_size, lengths=lengths)
     progress(f"building the {size} model (random bf16 weights)...")
