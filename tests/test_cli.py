@@ -337,6 +337,9 @@ def test_decode_bench_refuses_a_context_the_model_or_the_memory_cannot_hold(monk
                                          r"and 16 decode steps pass the model's context length "
                                          r"of 2048 positions; use --context 2032 or less"):
         llama.run("small", [1], [1], rounds=1, steps=16, context=2040, **quiet)
+    with pytest.raises(SystemExit, match=r"context length of 40 positions; the bench needs at "
+                                         r"least 48$"):
+        llama.check_context("llama", 20, 32, 40)
     path = smollm2_path()
     assert gguf_model.file_attention(path) == {"layers": 30, "heads": 9, "kv_heads": 3,
                                                "head_dim": 64, "vocab": 49152,

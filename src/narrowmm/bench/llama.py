@@ -93,10 +93,11 @@ def check_context(what: str, context: int, steps: int, limit: int) -> None:
     """Refuse a ``--context`` whose prompt and decode steps pass the model's context length
     (``limit`` positions), before anything is loaded."""
     if context + steps > limit:
+        fits = (f"use --context {limit - steps} or less" if limit - steps >= max(PROMPT_LENGTHS)
+                else f"the bench needs at least {max(PROMPT_LENGTHS) + steps}")
         raise SystemExit(f"narrowmm bench --model {what} --context {context}: {context} "
                          f"prompt tokens and {steps} decode steps pass the model's context "
-                         f"length of {limit} positions; use --context {max(limit - steps, 1)} "
-                         f"or less")
+                         f"length of {limit} positions; {fits}")
 
 
 @dataclass
