@@ -700,8 +700,6 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
            "%s: a bias with accumulate gave status %d", row->isa, st);
 }
 
-/* The model ops (ops/): a row and thread count give the scalar row's one-thread bits; a
- * guard cell after each output is never written; hidden keys hold NaN and change nothing. */
 /* The row's softmax exps (nm_isa_kernels.expf) against nm_expf one element at a time:
  * softmax's range and past the clamps, specials in every lane of a vector, lengths that end
  * in each part of the loop, out of place and in place. */
@@ -731,6 +729,8 @@ static void test_softmax_exp(const nm_isa_kernels *row) {
     free(x), free(y), free(want);
 }
 
+/* The model ops (ops/): a row and thread count give the scalar row's one-thread bits; a
+ * guard cell after each output is never written; hidden keys hold NaN and change nothing. */
 static void test_model_ops(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
     /* lk: the softmax's exps run through the row's vectors and its tail (32 a step on
      * avx512) */
