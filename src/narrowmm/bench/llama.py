@@ -129,7 +129,7 @@ def write_gguf(model: Any, path: Path, fmt: str) -> None:
     import torch
 
     c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    head_dim = head_dim_of(c)
     kind = gguf.GGMLQuantizationType[fmt]
 
     def narrow(t: torch.Tensor) -> np.ndarray:
@@ -483,10 +483,15 @@ def check_memory(parameters: int, available: int, context: int | None = None,
                          f"available: use --size small{fewer}, or a machine with more memory")
 
 
+def head_dim_of(config: Any) -> int:
+    """A Llama config's head size: its ``head_dim``, else hidden size / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def parameter_count(config: Any) -> int:
     """A Llama config's parameters, counted from its shapes."""
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    d = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    d = head_dim_of(config)
     attn = h * d * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
     per_layer = attn + 3 * h * inter + 2 * h
     embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
@@ -505,10 +510,8 @@ def run(size: str, threads: list[int], batches: list[int], rounds: int, steps: i
     lengths = prompt_lengths(context)
     if context is not None:
         check_context("llama", context, steps, config.max_position_embeddings)
-    head_dim = getattr(config, "head_dim", None) or (config.hidden_size
-                                                     // config.num_attention_heads)
     check_memory(parameter_count(config), mem_available(), context, context_bytes(
-        config.num_hidden_layers, config.num_key_value_heads, head_dim,
+        config.num_hidden_layers, config.num_key_value_heads, head_dim_of(config),
         config.num_attention_heads, config.vocab_size, max(batches), max(lengths) + steps + 8,
         2 * len(threads)) if context is not None else 0)  # F16 and BF16 files
     # batch 1 decodes the first prompt; batch 8 all of them, left-padded
