@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from narrowmm.providers.native import core
+from narrowmm.providers.native import core, supported_isas
 
 CALL = ("import numpy as np, narrowmm as nm;"
         "nm.matmul(np.ones((2, 3), np.float32), nm.Weights.from_bits("
@@ -80,16 +80,15 @@ def test_good_isa_is_applied_and_reported():
     assert "PROBLEM" not in info.stdout
 
 
+@pytest.mark.parametrize("name", ["NARROWMM_SLIVER_OUTER_KIB", "NARROWMM_GEMV_PREFETCH_BYTES"])
 @pytest.mark.parametrize("value", ["x", "-1", "1.5", str((1 << 20) + 1)])
-def test_bad_sliver_outer_limit_is_shown_by_info_and_fails_the_first_call(value):
-    info = run(["-m", "narrowmm", "info"], NARROWMM_SLIVER_OUTER_KIB=value)
+def test_bad_size_is_shown_by_info_and_fails_the_first_call(name, value):
+    info = run(["-m", "narrowmm", "info"], **{name: value})
     assert info.returncode == 0, info.stderr
-    assert (f"PROBLEM:   NARROWMM_SLIVER_OUTER_KIB='{value}' must be an integer in 0..1048576"
-            in info.stdout)
-    out = run(["-c", CALL], NARROWMM_SLIVER_OUTER_KIB=value)
+    assert f"PROBLEM:   {name}='{value}' must be an integer in 0..1048576" in info.stdout
+    out = run(["-c", CALL], **{name: value})
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("narrowmm._environ.EnvironmentVariableError: "
-                           f"NARROWMM_SLIVER_OUTER_KIB='{value}'"), last
+    assert last.startswith(f"narrowmm._environ.EnvironmentVariableError: {name}='{value}'"), last
 
 
 def test_good_sliver_outer_limit_is_applied_and_reported():
@@ -103,3 +102,23 @@ def test_good_sliver_outer_limit_is_applied_and_reported():
     assert ("while A takes at most 300 KiB (forced by NARROWMM_SLIVER_OUTER_KIB=300)"
             in info.stdout)
     assert "PROBLEM" not in info.stdout
+
+
+def test_good_gemv_prefetch_distance_is_applied_and_reported():
+    probe = ("import narrowmm, narrowmm.providers.native as n;"
+             "print(n.core().get_packed_gemv_ahead(), *n.core().packed_gemv_ahead())")
+    default = run(["-c", probe]).stdout.split()
+    assert default[0] == "None" and default[1] == default[2], default
+    forced = run(["-c", probe], NARROWMM_GEMV_PREFETCH_BYTES="512", NARROWMM_ISA="avx2")
+    if "avx2" in supported_isas():
+        assert forced.stdout.split() == ["512", "512", "2048"], forced.stdout + forced.stderr
+        info = run(["-m", "narrowmm", "info"], NARROWMM_GEMV_PREFETCH_BYTES="0",
+                   NARROWMM_ISA="avx2")
+        assert ("prefetch:  packed weights at m = 1 and 2: no software prefetch (the "
+                "hardware's alone) (forced by NARROWMM_GEMV_PREFETCH_BYTES; default 2048)"
+                in info.stdout), info.stdout
+        assert "PROBLEM" not in info.stdout
+    info = run(["-m", "narrowmm", "info"], NARROWMM_GEMV_PREFETCH_BYTES="4096",
+               NARROWMM_ISA="scalar")
+    assert ("prefetch:  packed weights at m = 1 and 2: no software prefetch on the scalar row"
+            in info.stdout), info.stdout

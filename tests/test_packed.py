@@ -4,7 +4,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ALL_FORMATS, ISAS, NARROW, PROVIDERS, assert_same_bits, random_weights
+from conftest import (
+    ALL_FORMATS,
+    ISAS,
+    NARROW,
+    PROVIDERS,
+    assert_same_bits,
+    k_type_weights,
+    random_weights,
+)
 
 import narrowmm as nm
 import narrowmm.providers.native as native
@@ -80,6 +88,89 @@ def test_the_sliver_order_limit_changes_no_bit(fmt):
                             assert_same_bits(nm.matmul(x, p), expected)
     finally:
         core().set_sliver_outer_a_bytes(before)
+
+
+def _prefetch_cases(rng):
+    """(x, weights, what packs them) for the packed m = 1 and m = 2 walks: the float formats
+    and every block walk (byte, nibble, and the K types' factored grids as from_gguf packs
+    them), four-sliver groups and a tail, k through several blocks and super-blocks"""
+    x = rng.standard_normal((2, 1280)).astype(np.float32)
+    weights = [random_weights(rng, 300, 200, f) for f in ALL_FORMATS]
+    weights += [nm.Weights.quantize((rng.standard_normal((1280, 300)) * 0.05)
+                                    .astype(np.float32), f)
+                for f in ("q8_0", "q4_0", "q4_1", "q5_1")]
+    cases = [(x[:, :w.shape[0]], w, w) for w in weights]
+    for t in ("Q4_K", "Q6_K"):
+        tw = k_type_weights(t, 1280, 150, seed=7)
+        cases.append((x, tw.transpose(), tw))
+    return cases
+
+
+def test_the_gemv_prefetch_distance_changes_no_bit():
+    """How far the packed m <= 2 walks prefetch (NARROWMM_GEMV_PREFETCH_BYTES) changes the
+    time, never a bit: none, a line, 2048 bytes and 1 MiB (far past every buffer: a hint
+    never faults), on every row and on 1 and 3 threads, against the scalar row's bits."""
+    rng = np.random.default_rng(11)
+    cases = _prefetch_cases(rng)
+    want = {(i, m): _scalar_reference(x[:m], w)
+            for i, (x, w, _) in enumerate(cases) for m in (1, 2)}
+    c = core()
+    before = c.get_packed_gemv_ahead()
+    try:
+        for isa in ISAS:
+            with use_isa(isa):
+                packed = [source.pack() for _, _, source in cases]
+                for distance in (0, 64, 2048, 1 << 20):
+                    c.set_packed_gemv_ahead(distance)
+                    assert c.get_packed_gemv_ahead() == distance
+                    hinted = c.packed_gemv_ahead()
+                    assert hinted == ((None, None) if isa == "scalar"
+                                      else (distance, hinted[1])), (isa, hinted)
+                    for threads in (1, 3):
+                        nm.set_num_threads(threads)
+                        for i, ((x, _, _), p) in enumerate(zip(cases, packed, strict=True)):
+                            for m in (1, 2):
+                                assert_same_bits(nm.matmul(x[:m], p), want[i, m])
+    finally:
+        c.set_packed_gemv_ahead(before)
+
+
+def _cpu_vendor() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("vendor_id")), "")
+
+
+def test_the_gemv_prefetch_default_is_the_rows_for_this_cpu():
+    """Each row's default distance, as measured (docs/kernels.md): the avx512 row 2048 bytes
+    on Intel CPUs and none elsewhere (a Zen 4 lost with it), the avx2 row 2048 everywhere,
+    the portable rows no hint at all; None restores the default after a forced one."""
+    c = core()
+    before = c.get_packed_gemv_ahead()
+    vendor = _cpu_vendor()
+    try:
+        c.set_packed_gemv_ahead(None)
+        assert c.get_packed_gemv_ahead() is None
+        for isa in ISAS:
+            with use_isa(isa):
+                want = {"avx512": 2048 if vendor == "GenuineIntel" else 0,
+                        "avx2": 2048}.get(isa)
+                if isa == "avx512" and not vendor:
+                    continue  # no /proc/cpuinfo to tell the maker
+                assert c.packed_gemv_ahead() == (want, want), isa
+                c.set_packed_gemv_ahead(512)
+                assert c.packed_gemv_ahead() == ((None, None) if want is None
+                                                 else (512, want)), isa
+                c.set_packed_gemv_ahead(None)
+        with pytest.raises(ValueError, match="packed_gemv_ahead must be >= 0"):
+            c.set_packed_gemv_ahead(-5)
+        with pytest.raises(TypeError):
+            c.set_packed_gemv_ahead("1")
+    finally:
+        c.set_packed_gemv_ahead(before)
 
 
 def test_the_sliver_order_limit_defaults_to_the_l2_within_the_measured_sizes():

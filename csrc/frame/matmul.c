@@ -798,6 +798,18 @@ void nm_set_wake_min_work(int64_t work) { atomic_store(&wake_min_work, work < 0 
 
 int64_t nm_get_wake_min_work(void) { return atomic_load(&wake_min_work); }
 
+/* -1: each row's own distance (nm_isa_kernels.packed_gemv_ahead); the walks read it */
+_Atomic int64_t nm_packed_gemv_ahead_forced = -1;
+
+void nm_set_packed_gemv_ahead(int64_t bytes) {
+    atomic_store_explicit(&nm_packed_gemv_ahead_forced, bytes < 0 ? -1 : bytes,
+                          memory_order_relaxed);
+}
+
+int64_t nm_get_packed_gemv_ahead(void) {
+    return atomic_load_explicit(&nm_packed_gemv_ahead_forced, memory_order_relaxed);
+}
+
 /* -1 until the first read or a reset: the default, from the L2 the OS reports */
 static _Atomic int64_t sliver_outer_a_bytes = -1;
 

@@ -252,6 +252,14 @@ void nm_set_sliver_outer_a_bytes(int64_t bytes);
 int64_t nm_get_sliver_outer_a_bytes(void);
 int64_t nm_sliver_outer_a_default(void);
 
+/* How many bytes down their stream of weights the packed m == 1 and m == 2 walks prefetch,
+ * on the rows built with that hint (avx2, avx512): 0 none, leaving the stream to the
+ * hardware prefetchers. Negative restores each row's default for this CPU
+ * (nm_isa_kernels.packed_gemv_ahead); nm_get_packed_gemv_ahead returns the forced distance,
+ * or -1. The distance changes no bit, only the time. */
+void nm_set_packed_gemv_ahead(int64_t bytes);
+int64_t nm_get_packed_gemv_ahead(void);
+
 /* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
  * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
  * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */

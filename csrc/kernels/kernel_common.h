@@ -288,15 +288,25 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
 #define NM_BLOCK_END_(r0, block, rows) ((rows) - (r0) < (block) ? (rows) : (r0) + (block))
 
 /* A hint for the stored row PACKED_GEMV_AHEAD bytes down the stream of a packed m <= 2 walk
- * (both lines of a row of up to 128 bytes, which may straddle two), on the rows whose folder
- * sets PACKED_GEMV_AHEAD; 0 leaves the stream to the hardware prefetchers. The walks issue
- * few loads per byte for the decode's many operations, so few misses are in flight at once:
- * on an AMD Zen 3 (avx2 row, 2048 bytes ahead) Q8_0 ran 1.13-1.15x, Q4_1 1.05-1.08x, Q4_0
- * 1.04-1.05x at m = 1 on one thread, up to 1.21x at two (docs/kernels.md). */
+ * (both lines of a row of up to 128 bytes, which may straddle two). Each row's folder
+ * defines PACKED_GEMV_AHEAD: 0 (no hint compiled) on the portable rows, on the x86 rows the
+ * distance in force (nm_packed_gemv_ahead: the row's default on this CPU, or the one
+ * nm_set_packed_gemv_ahead forces), 0 leaving the stream to the hardware prefetchers. The
+ * walks issue few loads per byte for the decode's many operations, so few misses are in
+ * flight at once: on an AMD Zen 3 (avx2 row, 2048 bytes ahead) Q8_0 ran 1.13-1.15x at m = 1
+ * on one thread, up to 1.21x at two; on an Intel Xeon (avx512 row) the 4-bit and byte
+ * formats ran 1.35-2.2x, while on an AMD Zen 4 the same row lost (docs/kernels.md). A hint
+ * never faults, so it may point past the weights. A walk reads the distance once, at its
+ * start (NM_PACKED_GEMV_AHEAD_): read at every stored row, two loads and two tests, it cost
+ * the Xeon's Q4_0 walk for two rows 3-7 %. */
+#define NM_PACKED_GEMV_AHEAD_                                                                \
+    const int64_t packed_gemv_ahead_ = (PACKED_GEMV_AHEAD);                                  \
+    (void)packed_gemv_ahead_
 #define NM_PACKED_GEMV_PREFETCH(row, ldb)                                                     \
     do {                                                                                     \
-        if (PACKED_GEMV_AHEAD) {                                                             \
-            const char *ahead_ = (const char *)(row) + (PACKED_GEMV_AHEAD);                  \
+        if (packed_gemv_ahead_) {                                                            \
+            const char *ahead_ =                                                             \
+                (const char *)((uintptr_t)(row) + (uintptr_t)packed_gemv_ahead_);            \
             __builtin_prefetch(ahead_);                                                      \
             if ((ldb) > 64) __builtin_prefetch(ahead_ + 64);                                 \
         }                                                                                    \
@@ -339,6 +349,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                             int64_t lda, const uint8_t *b, float *c, int64_t ldc,           \
                             const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block of scales */         \
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
@@ -736,6 +747,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                             int64_t lda, const uint8_t *b, float *c, int64_t ldc,           \
                             const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         VEC acc_[(RR) * W_];                                                                 \
         _Pragma("GCC unroll 32") for (int i_ = 0; i_ < (RR) * W_; ++i_)                      \
@@ -916,6 +928,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                                     NIBBLES, DEQ, FACTORED)                                  \
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         VEC acc_[(RR) * W_];                                                                 \
         NM_FACTORED_C_(RR, W_, L, acc_[i_] = LOADC(c + i_ / W_ * ldc + i_ % W_ * (L)));      \
@@ -934,6 +947,7 @@ static inline float nm_load1_q5_1_raw(const uint8_t *p) { return nm_q5_1_to_f32(
                                   SCV, FACTORED)                                             \
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
         enum { V_ = (NRW) / (L), W_ = (GG) * V_ };                                           \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \
         VEC acc_[(RR) * W_];                                                                 \
         NM_FACTORED_C_(RR, W_, L, acc_[i_] = LOADC(c + i_ / W_ * ldc + i_ % W_ * (L)));      \

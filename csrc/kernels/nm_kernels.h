@@ -14,6 +14,7 @@
 #ifndef NM_KERNELS_H
 #define NM_KERNELS_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include "nm_formats.h"
 
@@ -243,6 +244,10 @@ typedef struct nm_isa_kernels {
      * rows (matmul_tiled in frame/matmul.c), for the formats of a byte or more a weight under
      * blocks of scales shorter than kc, and for the 4-bit formats (0: never) */
     int byte_outer_rows, nibble_outer_rows;
+    /* How many bytes down its stream of weights a packed m <= 2 walk asks for by default on
+     * this CPU (NM_PACKED_GEMV_PREFETCH, kernel_common.h; 0: no hint), unless
+     * nm_set_packed_gemv_ahead forces another; -1: the row's walks have no hint compiled */
+    int64_t packed_gemv_ahead;
     nm_gemv_fn gemv[NM_MATMUL_SLOTS];
     const char *gemv_name[NM_MATMUL_SLOTS];
     nm_gemv2_fn gemv2[NM_MATMUL_SLOTS];
@@ -295,6 +300,15 @@ typedef struct nm_isa_kernels {
     nm_widen_factored_fn widen_factored;
     const char *widen_factored_name;
 } nm_isa_kernels;
+
+/* The distance nm_set_packed_gemv_ahead (narrowmm.h) forces on every row built with the
+ * packed walks' hint, -1 for each row's own (nm_isa_kernels.packed_gemv_ahead); defined by
+ * the frame, read by the walks at each stored row (relaxed: a setting, not a handshake) */
+extern _Atomic int64_t nm_packed_gemv_ahead_forced;
+static inline int64_t nm_packed_gemv_ahead(int64_t row_default) {
+    const int64_t forced = atomic_load_explicit(&nm_packed_gemv_ahead_forced, memory_order_relaxed);
+    return forced >= 0 ? forced : row_default;
+}
 
 /* Set a slot of a row and the C name it is reported by: NM_SET_SLOT(row, gemv, fmt, fn). */
 #define NM_SET_SLOT(row, slot, fmt, fn) ((row)->slot[fmt] = (fn), (row)->slot##_name[fmt] = #fn)

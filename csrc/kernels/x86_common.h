@@ -3,6 +3,7 @@
 #ifndef NM_X86_COMMON_H
 #define NM_X86_COMMON_H
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -12,6 +13,14 @@
 static inline float load1_fp16_f16c(const uint8_t *p) { return _cvtsh_ss(nm_load_u16(p)); }
 
 #define PREFETCH_T0(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+
+/* Whether CPUID leaf 0 names Intel as the maker ("GenuineIntel" in EBX, EDX, ECX), for the
+ * rows' defaults that differ by CPU (their fill functions) */
+static inline int nm_x86_is_intel(void) {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 0;
+    return ebx == 0x756E6547u && edx == 0x49656E69u && ecx == 0x6C65746Eu;
+}
 
 /* FP8 bytes (the low 8 of q) as binary16 bits for F16C, 8 lanes of 16 bits: converted,
  * they are raw() (nm_kernels.h). e5m2 is the high byte of a binary16. e4m3fn's 7 magnitude

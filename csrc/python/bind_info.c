@@ -270,23 +270,27 @@ PyObject *py_get_wake_min_work(PyObject *self, PyObject *noargs) {
     return PyLong_FromLongLong((long long)nm_get_wake_min_work());
 }
 
+/* A setting of bytes from Python: n >= 0, or None (-1: the core's default), passed to set;
+ * a negative n or another type raises, naming the setting */
+static PyObject *set_size_or_default(PyObject *arg, const char *name, void (*set)(int64_t)) {
+    long long bytes = -1;
+    if (arg != Py_None) {
+        bytes = PyLong_AsLongLong(arg);
+        if (bytes == -1 && PyErr_Occurred()) return NULL;
+        if (bytes < 0) {
+            PyErr_Format(PyExc_ValueError, "%s must be >= 0 (or None), got %lld", name, bytes);
+            return NULL;
+        }
+    }
+    set((int64_t)bytes);
+    Py_RETURN_NONE;
+}
+
 /* set_sliver_outer_a_bytes(n or None): the most bytes of packed A with which the tiled
  * path walks packed weights' slivers outside the k blocks; None restores the default */
 PyObject *py_set_sliver_outer_a_bytes(PyObject *self, PyObject *arg) {
     (void)self;
-    if (arg == Py_None) {
-        nm_set_sliver_outer_a_bytes(-1);
-        Py_RETURN_NONE;
-    }
-    const long long bytes = PyLong_AsLongLong(arg);
-    if (bytes == -1 && PyErr_Occurred()) return NULL;
-    if (bytes < 0) {
-        PyErr_Format(PyExc_ValueError, "sliver_outer_a_bytes must be >= 0 (or None), got %lld",
-                     bytes);
-        return NULL;
-    }
-    nm_set_sliver_outer_a_bytes((int64_t)bytes);
-    Py_RETURN_NONE;
+    return set_size_or_default(arg, "sliver_outer_a_bytes", nm_set_sliver_outer_a_bytes);
 }
 
 PyObject *py_get_sliver_outer_a_bytes(PyObject *self, PyObject *noargs) {
@@ -299,6 +303,32 @@ PyObject *py_sliver_outer_a_default(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
     return PyLong_FromLongLong((long long)nm_sliver_outer_a_default());
+}
+
+/* set_packed_gemv_ahead(n or None): the distance the packed m <= 2 walks prefetch, forced
+ * on the rows built with the hint; None restores each row's default */
+PyObject *py_set_packed_gemv_ahead(PyObject *self, PyObject *arg) {
+    (void)self;
+    return set_size_or_default(arg, "packed_gemv_ahead", nm_set_packed_gemv_ahead);
+}
+
+/* get_packed_gemv_ahead(): the forced distance, or None */
+PyObject *py_get_packed_gemv_ahead(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    const int64_t forced = nm_get_packed_gemv_ahead();
+    if (forced < 0) Py_RETURN_NONE;
+    return PyLong_FromLongLong((long long)forced);
+}
+
+/* packed_gemv_ahead(): (the distance the row in use prefetches now, its default on this
+ * CPU); (None, None) for a row without the hint */
+PyObject *py_packed_gemv_ahead(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    const int64_t own = current_row->packed_gemv_ahead;
+    if (own < 0) return Py_BuildValue("(OO)", Py_None, Py_None);
+    return Py_BuildValue("(LL)", (long long)nm_packed_gemv_ahead(own), (long long)own);
 }
 
 PyObject *py_l2_cache_bytes(PyObject *self, PyObject *noargs) {

@@ -72,6 +72,14 @@ static PyMethodDef methods[] = {
      "See set_sliver_outer_a_bytes."},
     {"sliver_outer_a_default", py_sliver_outer_a_default, METH_NOARGS,
      "The default of set_sliver_outer_a_bytes: the core's L2, within 512 KiB..1 MiB."},
+    {"set_packed_gemv_ahead", py_set_packed_gemv_ahead, METH_O,
+     "Bytes ahead the packed m <= 2 walks prefetch on the rows with the hint (None: each "
+     "row's default)."},
+    {"get_packed_gemv_ahead", py_get_packed_gemv_ahead, METH_NOARGS,
+     "The distance set_packed_gemv_ahead forces, or None."},
+    {"packed_gemv_ahead", py_packed_gemv_ahead, METH_NOARGS,
+     "(distance in force, the row's default on this CPU) for the row in use; (None, None) "
+     "for a row without the hint."},
     {"l2_cache_bytes", py_l2_cache_bytes, METH_NOARGS,
      "One core's L2 as the OS reports it (0: unknown)."},
     {"parallel_jobs", py_parallel_jobs, METH_NOARGS, "Jobs split across threads so far."},

@@ -691,6 +691,14 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
         nm_set_sliver_outer_a_bytes(0);
         run_case(row, ref, fmt, 4, 70, 600, START_ACCUMULATE, 2);
         nm_set_sliver_outer_a_bytes(-1);
+        /* the packed m <= 2 walks with their prefetch forced off, and far past the weights
+         * (a hint never faults, nor do the sanitizers see it): the same bits */
+        for (int far = 0; far < 2; ++far) {
+            nm_set_packed_gemv_ahead(far ? 1 << 20 : 0);
+            run_case(row, ref, fmt, 1, 300, 1100, START_ACCUMULATE, 2);
+            run_case(row, ref, fmt, 2, 290, 1100, START_BIAS, 1);
+        }
+        nm_set_packed_gemv_ahead(-1);
     }
     /* a chain starts from one value: a bias with accumulate is refused, C untouched */
     float a1[2] = {1.0f, 2.0f}, c1[2] = {GUARD, GUARD}, bias1[2] = {3.0f, 4.0f};

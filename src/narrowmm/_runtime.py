@@ -44,6 +44,7 @@ def runtime_info() -> dict[str, Any]:
 
     c = core()
     native = get_provider("native")
+    prefetch = c.packed_gemv_ahead() if c else (None, None)
     kernels = []
     for op, fmt in operations():
         try:
@@ -98,6 +99,12 @@ def runtime_info() -> dict[str, Any]:
                                 else os.environ.get("NARROWMM_SLIVER_OUTER_KIB", "").strip()
                                 or None),
         "l2_cache_bytes": c.l2_cache_bytes() if c else None,
+        # how far the packed m <= 2 walks of the row in use prefetch their weights (bytes;
+        # None: a row without the hint), its default on this CPU, and whether
+        # NARROWMM_GEMV_PREFETCH_BYTES forced it
+        "gemv_prefetch_bytes": prefetch[0],
+        "gemv_prefetch_default": prefetch[1],
+        "gemv_prefetch_forced": c.get_packed_gemv_ahead() is not None if c else False,
         "spin_ns": c.get_spin_ns() if c else None,
         "omp_team": bool(c.omp_team()) if c else False,
         # the packed width of a 16-bit format, then of a byte one (Weights.pack)
@@ -166,6 +173,18 @@ def show_runtime(as_json: bool = False) -> None:
                   else f"this core's L2: {l2 >> 10} KiB" if l2 else "the L2 size is unknown")
         print(f"tiling:    packed weights at few rows walk slivers outside the k blocks "
               f"while A takes at most {info['sliver_outer_a_bytes'] >> 10} KiB ({source})")
+    if info["gemv_prefetch_bytes"] is not None:
+        ahead, default = info["gemv_prefetch_bytes"], info["gemv_prefetch_default"]
+        walks = ("packed weights at m = 1 and 2: "
+                 + (f"the walks prefetch {ahead} bytes down their stream" if ahead
+                    else "no software prefetch (the hardware's alone)"))
+        source = ("forced by NARROWMM_GEMV_PREFETCH_BYTES" if info["gemv_prefetch_forced"]
+                  else "this row's default on this CPU")
+        print(f"prefetch:  {walks} ({source}"
+              + (f"; default {default})" if info["gemv_prefetch_forced"] else ")"))
+    elif info["isa"]:
+        print(f"prefetch:  packed weights at m = 1 and 2: no software prefetch on the "
+              f"{info['isa']} row")
     if info["pack_width"]:
         wide, byte = info["pack_width"]
         print(f"packing:   Weights.pack() makes {wide}-column slivers for this row "

@@ -20,9 +20,11 @@
  * "Groups of slivers") */
 #define PACK_WIDTH (4 * NR)
 /* the packed m <= 2 walks ask for the stored row this many bytes down their stream
- * (NM_PACKED_GEMV_PREFETCH): on a Zen 3, 2048 ran 1.04-1.21x faster than none, and as fast
- * as 4096 or faster (docs/results/gemv-prefetch-zen3-2026-12-05.txt) */
-#define PACKED_GEMV_AHEAD 2048
+ * (NM_PACKED_GEMV_PREFETCH) by default, on every CPU: on a Zen 3, 2048 ran 1.04-1.21x faster
+ * than none, and as fast as 4096 or faster (docs/results/gemv-prefetch-zen3-2026-12-05.txt).
+ * Read when a walk runs, so that nm_set_packed_gemv_ahead can force another. */
+#define PACKED_GEMV_AHEAD_DEFAULT 2048
+#define PACKED_GEMV_AHEAD nm_packed_gemv_ahead(PACKED_GEMV_AHEAD_DEFAULT)
 
 /* ---- loading 8 weights as float32 (B may sit at any byte address) ------------------- */
 
@@ -316,6 +318,7 @@ NM_DEFINE_NIBBLE_UKERNEL_PACKS_BY_PARTS(avx2, ukernel_4x24_avx2, NR)
                               const ST *s, const ST *o, int64_t bk, int64_t lds) {           \
         (void)lda, (void)ldc;                                                                \
         enum { W_ = 2 * NR / 8 };                                                            \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m256 acc_[W_];                                                                     \
         _Pragma("GCC unroll 6") for (int i_ = 0; i_ < W_; ++i_)                              \
@@ -362,6 +365,7 @@ NM_DEFINE_Q4_1_STAGED_GEMV(gemv_packed_q4_1_half_staged_avx2, uint16_t, LOAD8_HA
                      const uint8_t *b, float *c, int64_t ldc, const uint16_t *s,             \
                      const uint16_t *o, int64_t bk, int64_t lds) {                           \
         (void)o; /* Q4_0 has no offsets */                                                   \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         enum { W_ = (SL) * NR / 8 };                                                         \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m256 acc_[(RR) * W_];                                                              \
@@ -493,6 +497,7 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
                      int64_t lda, const uint8_t *b, float *c, int64_t ldc, const ST *s,       \
                      const ST *o, int64_t bk, int64_t lds) {                                 \
         const int64_t block = (bk < k ? bk : k) / 2; /* stored rows under one block */       \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         __m256 acc[4 * (V)];                                                                 \
         QUAD_LOAD_C(acc, V, c, ldc);                                                         \
         /* s (and o) step to the next block's scales (never past the last) */                \
@@ -540,6 +545,7 @@ static const __m256i low_nibble_mask = {0xf0000000fLL, 0xf0000000fLL, 0xf0000000
                      int64_t lda, const uint8_t *b, float *c, int64_t ldc, const ST *s,       \
                      const ST *o, int64_t bk, int64_t lds) {                                 \
         const int64_t block = bk < k ? bk : k;                                               \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         __m256 acc[4 * (V)];                                                                 \
         QUAD_LOAD_C(acc, V, c, ldc);                                                         \
         /* s (and o) step to the next block's scales (never past the last) */                \
@@ -620,6 +626,7 @@ NM_DEFINE_BYTE_QUADS(gemv4_packed_q5_1_avx2, Q5_1, float, _mm256_loadu_ps)
 #define NM_DEFINE_Q4_1_FACTORED_SLIVERS(NAME, SL)                                            \
     static NM_FACTORED_SIGNATURE_(NAME) {                                                    \
         (void)lda, (void)ldc; /* one row */                                                  \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         enum { W_ = (SL) * NR / 8 };                                                         \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m256 acc_[W_];                                                                     \
@@ -655,6 +662,7 @@ NM_DEFINE_FACTORED_WALK(gemv_packed_q4_1_factored_avx2, 2, NR)
 #define NM_DEFINE_Q8_0_FACTORED_SLIVERS(NAME, SL)                                            \
     static NM_FACTORED_SIGNATURE_(NAME) {                                                    \
         (void)lda, (void)ldc; /* one row */                                                  \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         (void)co, (void)fo; /* no offsets */                                                 \
         enum { W_ = (SL) * NR / 8 };                                                         \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \
@@ -788,6 +796,7 @@ NM_ROW_FILL void nm_fill_row_avx2(nm_isa_kernels *row) {
      * Q6_K 0.96-1.01x on a Zen 4), never for the 4-bit ones (0.93-1.18x, median about 1.06x,
      * with k blocks outside on a Zen 5: docs/kernels.md) */
     row->byte_outer_rows = MR, row->nibble_outer_rows = 0;
+    row->packed_gemv_ahead = PACKED_GEMV_AHEAD_DEFAULT;
     NM_SET_MATMUL_SLOTS(row, gemv, avx2);
     NM_SET_MATMUL_SLOTS(row, gemv2, avx2);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx2);

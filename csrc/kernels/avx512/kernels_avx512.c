@@ -25,10 +25,17 @@
  * walks read one stream of weights for four slivers (nm_pack_width; docs/kernels.md,
  * "Groups of slivers") */
 #define PACK_WIDTH (4 * NR)
-/* no software prefetch in the packed m <= 2 walks (NM_PACKED_GEMV_PREFETCH): on a Zen 4,
- * 1024 to 4096 bytes ahead gained the 4-bit walks 1-9 % on one thread and lost on two, and
- * lost the byte walks 0-5 % on one (docs/results/gemv-prefetch-avx512-zen4-2026-12-06.txt) */
-#define PACKED_GEMV_AHEAD 0
+/* The packed m <= 2 walks' software prefetch (NM_PACKED_GEMV_PREFETCH) differs by CPU, so
+ * a walk reads the distance when it starts; the fill below sets the default. On an Intel
+ * Xeon 2048 bytes ahead ran the 4-bit and byte formats 1.35-2.2x at m = 1 and 2, ahead of
+ * 1024 and 4096 (docs/results/gemv-prefetch-avx512-xeon-2026-12-07.txt); on an AMD Zen 4,
+ * 1024 to 4096 gained the 4-bit walks 1-9 % on one thread and lost on two, and lost the
+ * byte walks 0-5 % on one (docs/results/gemv-prefetch-avx512-zen4-2026-12-06.txt): none
+ * there. */
+#define PACKED_GEMV_AHEAD_INTEL 2048
+static _Atomic int64_t packed_gemv_ahead_avx512;
+#define PACKED_GEMV_AHEAD                                                                    \
+    nm_packed_gemv_ahead(atomic_load_explicit(&packed_gemv_ahead_avx512, memory_order_relaxed))
 
 /* ---- loading 16 weights as float32 (B may sit at any byte address) ------------------ */
 
@@ -420,13 +427,17 @@ static inline int stage_in_place256(float *dst, const float *sc) {
 #define NIBBLE_STRIDED_ROWS_(NIBBLES, IP_, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_)    \
     do {                                                                                     \
         if (IP_) { /* 1: in place, 0: the permute */                                         \
-            for (int64_t r = (r0_); r < (end_); ++r)                                         \
+            for (int64_t r = (r0_); r < (end_); ++r) {                                       \
+                NM_PACKED_GEMV_PREFETCH((b) + r * (ldb), ldb);                               \
                 NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED_IN_PLACE, IN_PLACE_SCALES_, RR, acc_, a, \
                                     lda, r, (b) + r * (ldb), sc_, of_);                      \
+            }                                                                                \
         } else {                                                                             \
-            for (int64_t r = (r0_); r < (end_); ++r)                                         \
+            for (int64_t r = (r0_); r < (end_); ++r) {                                       \
+                NM_PACKED_GEMV_PREFETCH((b) + r * (ldb), ldb);                               \
                 NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, RR, acc_, a, lda, r, \
                                     (b) + r * (ldb), sc_, of_);                              \
+            }                                                                                \
         }                                                                                    \
     } while (0)
 /* The same under one block of scales staged at sc_ (strided) and offsets at of_: in place
@@ -478,6 +489,7 @@ static inline int stage_in_place256(float *dst, const float *sc) {
                             int64_t lda, const uint8_t *b, float *c, int64_t ldc,            \
                             const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
         (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
@@ -529,6 +541,7 @@ static inline void stage_strided_factored256(float *dst, const int8_t *cp, const
     _Static_assert((RR) <= 2 && (GG) * (NRW) == 128 && (L) == 16, "1 or 2 rows, 128 columns"); \
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
         (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
@@ -612,11 +625,14 @@ static inline void stage_strided_factored256(float *dst, const int8_t *cp, const
     do {                                                                                     \
         int64_t p_ = (p0_);                                                                  \
         if (p_ == 0) {                                                                       \
+            NM_PACKED_GEMV_PREFETCH(b, ldb);                                                 \
             BYTE_STRIDED_ROW_(DEQ, RR, acc_, a, lda, 0, b, sc_, of_, 1);                     \
             p_ = 1;                                                                          \
         }                                                                                    \
-        for (; p_ < (end_); ++p_)                                                            \
+        for (; p_ < (end_); ++p_) {                                                          \
+            NM_PACKED_GEMV_PREFETCH((b) + p_ * (ldb), ldb);                                  \
             BYTE_STRIDED_ROW_(DEQ, RR, acc_, a, lda, p_, (b) + p_ * (ldb), sc_, of_, 0);     \
+        }                                                                                    \
     } while (0)
 
 /* The walk over a group for RR rows (BYTE_GROUP of NM_DEFINE_PACKED_GEMVS and
@@ -631,6 +647,7 @@ static inline void stage_strided_factored256(float *dst, const int8_t *cp, const
                             int64_t lda, const uint8_t *b, float *c, int64_t ldc,            \
                             const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
         (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block of scales */        \
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
@@ -653,6 +670,7 @@ static inline void stage_strided_factored256(float *dst, const int8_t *cp, const
     _Static_assert((RR) <= 2 && (GG) * (NRW) == 128 && (L) == 16, "1 or 2 rows, 128 columns"); \
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
         (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
         const int64_t block_ = bk < k ? bk : k; /* rows under one block */                  \
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
@@ -840,6 +858,9 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
      * blocks outside, Q8_0, Q6_K and Q5_0 at m = 9 to 16 ran 1.03-1.17x, Q4_0, Q4_1 and Q4_K
      * at m = 7 to 16 mostly 1.03-1.20x (docs/results/byte-sliver-outer-zen4-2026-12-06.txt) */
     row->byte_outer_rows = 2 * MR, row->nibble_outer_rows = 2 * MR;
+    row->packed_gemv_ahead = nm_x86_is_intel() ? PACKED_GEMV_AHEAD_INTEL : 0;
+    atomic_store_explicit(&packed_gemv_ahead_avx512, row->packed_gemv_ahead,
+                          memory_order_relaxed);
     NM_SET_MATMUL_SLOTS(row, gemv, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv2, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx512);

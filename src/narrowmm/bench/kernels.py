@@ -544,9 +544,13 @@ def main(args: Any) -> int:
     # the A limit for the slivers-outside order on packed weights (frame/matmul.c)
     outer = (f"slivers outside up to {info['sliver_outer_a_bytes'] >> 10} KiB of A"
              + (" (NARROWMM_SLIVER_OUTER_KIB)" if info["sliver_outer_forced"] else ""))
+    # the packed m <= 2 walks' software prefetch (the row in use; --isa rows follow it)
+    ahead = info["gemv_prefetch_bytes"]
+    prefetch = ("gemv prefetch " + (f"{ahead} bytes" if ahead else "none")
+                + (" (NARROWMM_GEMV_PREFETCH_BYTES)" if info["gemv_prefetch_forced"] else ""))
     print(run_line(cfg.threads, KERNEL_PEERS, isas=cfg.isas,
                    details=(f"cache {', '.join(cfg.caches)}", f"L3 {l3_bytes() >> 20} MiB",
-                            outer)))
+                            outer, prefetch)))
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]
     if set_vars:
         print(f"note: {', '.join(f'{v}={os.environ[v]}' for v in set_vars)} is set and slows "

@@ -54,26 +54,52 @@ def apply_isa_environment() -> None:
 SLIVER_OUTER_MAX_KIB = 1 << 20
 
 
+def _environment_size(name: str, most: int, unit: str, default: str) -> int | None:
+    """The integer in 0..most that environment variable ``name`` holds; None when it is
+    unset or bad, a bad value recorded (like a bad ``NARROWMM_ISA``) with what ``unit``
+    counts and what ``default`` the core keeps instead."""
+    _environ.forget(name)
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= most:
+        _environ.record(name, f"{name}={value!r} must be an integer in 0..{most} ({unit}); "
+                              f"unset it for {default}")
+        return None
+    return number
+
+
 def apply_sliver_outer_environment() -> None:
     """Apply ``NARROWMM_SLIVER_OUTER_KIB``, if set: the most KiB of packed A with which the
     tiled path walks packed weights' slivers outside the k blocks (0: never; unset: the
     core's L2 within 512 KiB..1 MiB). The order changes the time, never a bit: tests and
-    benchmarks force it. A bad value is recorded like a bad ``NARROWMM_ISA``."""
-    _environ.forget("NARROWMM_SLIVER_OUTER_KIB")
-    value = os.environ.get("NARROWMM_SLIVER_OUTER_KIB", "").strip()
-    if _core is None or not value:
-        return  # the core takes its default (the L2) at the first call that needs it
-    try:
-        kib = int(value)
-    except ValueError:
-        kib = -1
-    if not 0 <= kib <= SLIVER_OUTER_MAX_KIB:
-        _environ.record("NARROWMM_SLIVER_OUTER_KIB",
-                        f"NARROWMM_SLIVER_OUTER_KIB={value!r} must be an integer in "
-                        f"0..{SLIVER_OUTER_MAX_KIB} (KiB of packed A); unset it for the "
-                        f"default, {_core.sliver_outer_a_default() >> 10} KiB here")
+    benchmarks force it."""
+    if _core is None:
         return
-    _core.set_sliver_outer_a_bytes(kib << 10)
+    kib = _environment_size("NARROWMM_SLIVER_OUTER_KIB", SLIVER_OUTER_MAX_KIB,
+                            "KiB of packed A", f"the default, "
+                            f"{_core.sliver_outer_a_default() >> 10} KiB here")
+    if kib is not None:  # else the core takes its default (the L2) when a call needs it
+        _core.set_sliver_outer_a_bytes(kib << 10)
+
+
+GEMV_PREFETCH_MAX_BYTES = 1 << 20
+
+
+def apply_gemv_prefetch_environment() -> None:
+    """Apply ``NARROWMM_GEMV_PREFETCH_BYTES``, if set: how many bytes down their stream of
+    weights the packed m = 1 and m = 2 walks prefetch, on the rows built with that hint
+    (avx2, avx512; 0: none; unset: the row's default for this CPU, which ``narrowmm info``
+    shows). The distance changes the time, never a bit: benchmarks force it."""
+    if _core is None:
+        return
+    nbytes = _environment_size("NARROWMM_GEMV_PREFETCH_BYTES", GEMV_PREFETCH_MAX_BYTES,
+                               "bytes ahead", "the row's default")
+    _core.set_packed_gemv_ahead(nbytes)  # None: the row's own
 
 
 def checked_core():
@@ -81,12 +107,13 @@ def checked_core():
 
     Raises:
         RuntimeError: the extension did not load.
-        EnvironmentVariableError: ``NARROWMM_ISA``, ``NARROWMM_NUM_THREADS`` or
-            ``NARROWMM_SLIVER_OUTER_KIB`` is invalid.
+        EnvironmentVariableError: ``NARROWMM_ISA``, ``NARROWMM_NUM_THREADS``,
+            ``NARROWMM_SLIVER_OUTER_KIB`` or ``NARROWMM_GEMV_PREFETCH_BYTES`` is invalid.
     """
     if _core is None:
         raise RuntimeError(f"the native core is unavailable: {_IMPORT_ERROR}")
-    _environ.check("NARROWMM_ISA", "NARROWMM_NUM_THREADS", "NARROWMM_SLIVER_OUTER_KIB")
+    _environ.check("NARROWMM_ISA", "NARROWMM_NUM_THREADS", "NARROWMM_SLIVER_OUTER_KIB",
+                   "NARROWMM_GEMV_PREFETCH_BYTES")
     return _core
 
 
@@ -211,3 +238,4 @@ def describe_kernels(op: str, names: list[str], packed: list[str] | None = None)
 
 apply_isa_environment()
 apply_sliver_outer_environment()
+apply_gemv_prefetch_environment()
