@@ -174,12 +174,15 @@ def test_a_q5_1_file_runs_as_q5_1_layers_within_float32_rounding_of_pytorch(tmp_
     assert {m.format.name for n, m in layers.items() if n != "lm_head"} == {"q5_1"}
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=path.name, dtype=torch.float32)
+    # PyTorch's own float32 layers, not a copy of ours; equal logits are allowed (an Intel
+    # Xeon's float32 kernels gave these bit for bit)
+    assert not nmt.converted_layers(reference)
     ids = torch.tensor([[1, 504, 3154, 282, 4052, 314], [7, 8, 9, 10, 11, 12]])
     with torch.inference_mode():
         ours = model(ids).logits
         assert_same_bits(rows(ids).logits.numpy(), ours.numpy())
         diff = (ours - reference(ids).logits).abs().max().item()
-    assert 0 < diff < 1e-4
+    assert diff < 1e-4
 
 
 def test_loading_shows_a_bar_that_transformers_switch_silences(tmp_path, capsys):
@@ -335,17 +338,18 @@ def test_a_float_tensor_of_a_type_narrowmm_does_not_decode_is_refused_by_name(tm
 
 def assert_runs_as_the_float32_model_and_in_the_decoder(model, path: Path) -> None:
     """``model`` (from_gguf of ``path``, batch-invariant) writes transformers' float32 model
-    of the file's greedy tokens, its logits within float32 rounding of that model's (and not
-    equal: the check cannot pass on a copy), and the Decoder gives its own bits."""
+    of the file's greedy tokens, its logits within float32 rounding of that model's (a model
+    of PyTorch's own layers, not a copy of ours), and the Decoder gives its own bits."""
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32)
+    assert not nmt.converted_layers(reference)
     ids = torch.tensor([[1, 504, 3154, 282, 4052, 314]])
     with torch.inference_mode():
         ours = model.generate(ids, max_new_tokens=6, do_sample=False)
         assert torch.equal(ours, reference.generate(ids, max_new_tokens=6, do_sample=False))
         logits = model(ours).logits
         diff = (logits - reference(ours).logits).abs().max().item()
-    assert 0 < diff < 1e-4 * max(1.0, logits.abs().max().item())
+    assert diff < 1e-4 * max(1.0, logits.abs().max().item())
     decoder = nmt.Decoder(model)
     decoder.reset(1, ours.shape[1])
     steps = decoder.step(ours, torch.arange(ours.shape[1])[None], [0])

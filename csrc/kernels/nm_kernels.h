@@ -303,7 +303,7 @@ typedef struct nm_isa_kernels {
 
 /* The distance nm_set_packed_gemv_ahead (narrowmm.h) forces on every row built with the
  * packed walks' hint, -1 for each row's own (nm_isa_kernels.packed_gemv_ahead); defined by
- * the frame, read by the walks at each stored row (relaxed: a setting, not a handshake) */
+ * the frame, read by each walk when it starts (relaxed: a setting, not a handshake) */
 extern _Atomic int64_t nm_packed_gemv_ahead_forced;
 static inline int64_t nm_packed_gemv_ahead(int64_t row_default) {
     const int64_t forced = atomic_load_explicit(&nm_packed_gemv_ahead_forced, memory_order_relaxed);
