@@ -307,6 +307,8 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
                c=window.tobytes(), c_size=window.nbytes, b_offset=b_offset, s=grid.tobytes(),
                s_ld=grid.shape[1], s_bk=bk, s_finite=int(finite),
                s_half=int(grid.dtype == np.float16), s_per_super=per_super)
+    if f.kpack > 1:  # the 4-bit walks' two decodes (nm_set_nibble_decode), either forced
+        job["nibble_decode"] = int(rng.integers(2))
     if packed_layout:
         slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_PACK_WIDTH,
                                f.packed_xor)

@@ -80,12 +80,19 @@ def test_good_isa_is_applied_and_reported():
     assert "PROBLEM" not in info.stdout
 
 
-@pytest.mark.parametrize("name", ["NARROWMM_SLIVER_OUTER_KIB", "NARROWMM_GEMV_PREFETCH_BYTES"])
-@pytest.mark.parametrize("value", ["x", "-1", "1.5", str((1 << 20) + 1)])
-def test_bad_size_is_shown_by_info_and_fails_the_first_call(name, value):
+# variables the core reads for its settings, bad values, and what info says of them
+BAD_SETTINGS = [(name, value, "must be an integer in 0..1048576")
+                for name in ("NARROWMM_SLIVER_OUTER_KIB", "NARROWMM_GEMV_PREFETCH_BYTES")
+                for value in ("x", "-1", "1.5", str((1 << 20) + 1))]
+BAD_SETTINGS += [("NARROWMM_NIBBLE_DECODE", value, "must be one of in-place, permute")
+                 for value in ("x", "in_place", "PERMUTE", "1")]
+
+
+@pytest.mark.parametrize("name,value,says", BAD_SETTINGS)
+def test_bad_setting_is_shown_by_info_and_fails_the_first_call(name, value, says):
     info = run(["-m", "narrowmm", "info"], **{name: value})
     assert info.returncode == 0, info.stderr
-    assert f"PROBLEM:   {name}='{value}' must be an integer in 0..1048576" in info.stdout
+    assert f"PROBLEM:   {name}='{value}' {says}" in info.stdout
     out = run(["-c", CALL], **{name: value})
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(f"narrowmm._environ.EnvironmentVariableError: {name}='{value}'"), last
@@ -122,3 +129,27 @@ def test_good_gemv_prefetch_distance_is_applied_and_reported():
                NARROWMM_ISA="scalar")
     assert ("prefetch:  packed weights at m = 1 and 2: no software prefetch on the scalar row"
             in info.stdout), info.stdout
+
+
+def test_good_nibble_decode_is_applied_and_reported():
+    """NARROWMM_NIBBLE_DECODE forces the avx512 row's 4-bit decode (the other rows have
+    one, and say nothing of it); info says which decode runs and whether it was forced."""
+    probe = ("import narrowmm, narrowmm.providers.native as n;"
+             "print(n.core().get_nibble_decode(), *n.core().nibble_decode())")
+    for value in ("in-place", "permute"):
+        forced = run(["-c", probe], NARROWMM_NIBBLE_DECODE=value, NARROWMM_ISA="scalar")
+        assert forced.stdout.split() == [value, "None", "None"], forced.stdout + forced.stderr
+    info = run(["-m", "narrowmm", "info"], NARROWMM_NIBBLE_DECODE="permute",
+               NARROWMM_ISA="scalar")
+    assert "nibbles:" not in info.stdout and "PROBLEM" not in info.stdout, info.stdout
+    if "avx512" not in supported_isas():
+        return
+    default = run(["-c", probe], NARROWMM_ISA="avx512").stdout.split()
+    assert default[0] == "None" and default[1] == default[2] != "None", default
+    other = "in-place" if default[1] == "permute" else "permute"
+    forced = run(["-c", probe], NARROWMM_NIBBLE_DECODE=other, NARROWMM_ISA="avx512")
+    assert forced.stdout.split() == [other, other, default[1]], forced.stdout + forced.stderr
+    info = run(["-m", "narrowmm", "info"], NARROWMM_NIBBLE_DECODE=other, NARROWMM_ISA="avx512")
+    assert (f"nibbles:   packed 4-bit weights at m = 1 and 2: the {other} decode (forced by "
+            f"NARROWMM_NIBBLE_DECODE; default {default[1]})" in info.stdout), info.stdout
+    assert "PROBLEM" not in info.stdout

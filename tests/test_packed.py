@@ -90,7 +90,7 @@ def test_the_sliver_order_limit_changes_no_bit(fmt):
         core().set_sliver_outer_a_bytes(before)
 
 
-def _prefetch_cases(rng):
+def _packed_walk_cases(rng):
     """(x, weights, what packs them) for the packed m = 1 and m = 2 walks: the float formats
     and every block walk (byte, nibble, and the K types' factored grids as from_gguf packs
     them), four-sliver groups and a tail, k through several blocks and super-blocks"""
@@ -106,33 +106,47 @@ def _prefetch_cases(rng):
     return cases
 
 
-def test_the_gemv_prefetch_distance_changes_no_bit():
-    """How far the packed m <= 2 walks prefetch (NARROWMM_GEMV_PREFETCH_BYTES) changes the
-    time, never a bit: none, a line, 2048 bytes and 1 MiB (far past every buffer: a hint
-    never faults), on every row and on 1 and 3 threads, against the scalar row's bits."""
+# the packed m <= 2 walks' settings: the core's name for each, the values forced, and the
+# rows that have it (the others report (None, None) whatever is forced)
+WALK_SETTINGS = {
+    "gemv prefetch": ("packed_gemv_ahead", (0, 64, 2048, 1 << 20), ("avx2", "avx512")),
+    "nibble decode": ("nibble_decode", ("in-place", "permute"), ("avx512",)),
+}
+
+
+@pytest.mark.parametrize("setting", list(WALK_SETTINGS))
+def test_the_packed_walks_settings_change_no_bit(setting):
+    """The packed m <= 2 walks' settings change the time, never a bit, on every row and on
+    1 and 3 threads, against the scalar row's bits: how far they prefetch
+    (NARROWMM_GEMV_PREFETCH_BYTES: none, a line, 2048 bytes and 1 MiB, far past every buffer:
+    a hint never faults) and how they decode 4-bit codes (NARROWMM_NIBBLE_DECODE: in place
+    and the permute on byte views; Q4_0, Q4_1 and the K types' factored grids among the
+    cases)."""
+    name, values, rows = WALK_SETTINGS[setting]
+    c = core()
+    set_value, forced, in_force = (getattr(c, f"set_{name}"), getattr(c, f"get_{name}"),
+                                   getattr(c, name))
     rng = np.random.default_rng(11)
-    cases = _prefetch_cases(rng)
+    cases = _packed_walk_cases(rng)
     want = {(i, m): _scalar_reference(x[:m], w)
             for i, (x, w, _) in enumerate(cases) for m in (1, 2)}
-    c = core()
-    before = c.get_packed_gemv_ahead()
+    before = forced()
     try:
         for isa in ISAS:
             with use_isa(isa):
                 packed = [source.pack() for _, _, source in cases]
-                for distance in (0, 64, 2048, 1 << 20):
-                    c.set_packed_gemv_ahead(distance)
-                    assert c.get_packed_gemv_ahead() == distance
-                    hinted = c.packed_gemv_ahead()
-                    assert hinted == ((None, None) if isa in ("scalar", "neon")
-                                      else (distance, hinted[1])), (isa, hinted)
+                for value in values:
+                    set_value(value)
+                    assert forced() == value
+                    now = in_force()
+                    assert now == ((value, now[1]) if isa in rows else (None, None)), (isa, now)
                     for threads in (1, 3):
                         nm.set_num_threads(threads)
                         for i, ((x, _, _), p) in enumerate(zip(cases, packed, strict=True)):
                             for m in (1, 2):
                                 assert_same_bits(nm.matmul(x[:m], p), want[i, m])
     finally:
-        c.set_packed_gemv_ahead(before)
+        set_value(before)
 
 
 def _cpu_vendor() -> str:
@@ -496,3 +510,32 @@ def test_linear_layer_packs(rng):
     assert (layer.in_features, layer.out_features) == (20, 30)
     assert_same_bits(layer(x), want)
     assert_same_bits(nm.Linear(layer.weights, bias)(x), want)
+
+
+def test_the_nibble_decode_default_is_the_rows_for_this_cpu():
+    """The avx512 row's default 4-bit decode, as measured (docs/kernels.md): the permute on
+    Intel CPUs, in place elsewhere (a Zen 4 ran in place faster); the other rows have one
+    decode; None restores the default after a forced one; anything else is refused."""
+    c = core()
+    before = c.get_nibble_decode()
+    vendor = _cpu_vendor()
+    try:
+        c.set_nibble_decode(None)
+        assert c.get_nibble_decode() is None
+        for isa in ISAS:
+            with use_isa(isa):
+                want = (("permute" if vendor == "GenuineIntel" else "in-place")
+                        if isa == "avx512" else None)
+                if isa == "avx512" and not vendor:
+                    continue  # no /proc/cpuinfo to tell the maker
+                assert c.nibble_decode() == (want, want), isa
+                c.set_nibble_decode("in-place")
+                assert c.nibble_decode() == ((None, None) if want is None
+                                             else ("in-place", want)), isa
+                c.set_nibble_decode(None)
+        for bad in ("shift", "", 1, b"permute"):
+            with pytest.raises(ValueError, match="must be 'in-place', 'permute' or None"):
+                c.set_nibble_decode(bad)
+        assert c.get_nibble_decode() is None
+    finally:
+        c.set_nibble_decode(before)

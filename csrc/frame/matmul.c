@@ -810,6 +810,20 @@ int64_t nm_get_packed_gemv_ahead(void) {
     return atomic_load_explicit(&nm_packed_gemv_ahead_forced, memory_order_relaxed);
 }
 
+/* -1: each row's own decode (nm_isa_kernels.nibble_decode); the walks read it */
+_Atomic int nm_nibble_decode_forced = -1;
+
+void nm_set_nibble_decode(int decode) {
+    atomic_store_explicit(&nm_nibble_decode_forced,
+                          decode < 0 ? -1 : decode ? NM_NIBBLE_DECODE_PERMUTE
+                                                   : NM_NIBBLE_DECODE_IN_PLACE,
+                          memory_order_relaxed);
+}
+
+int nm_get_nibble_decode(void) {
+    return atomic_load_explicit(&nm_nibble_decode_forced, memory_order_relaxed);
+}
+
 /* -1 until the first read or a reset: the default, from the L2 the OS reports */
 static _Atomic int64_t sliver_outer_a_bytes = -1;
 

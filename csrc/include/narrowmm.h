@@ -260,6 +260,17 @@ int64_t nm_sliver_outer_a_default(void);
 void nm_set_packed_gemv_ahead(int64_t bytes);
 int64_t nm_get_packed_gemv_ahead(void);
 
+/* How the packed m <= 2 walks of the rows that have a choice (avx512) decode the 4-bit
+ * formats' codes: NM_NIBBLE_DECODE_IN_PLACE decodes Q4_1's and the K types' codes where they
+ * sit (a mask and a conversion, where a block's scales allow) and the others through a
+ * table permute after a shift; NM_NIBBLE_DECODE_PERMUTE takes every code through the
+ * permute, read so that few need a shift. Each row has its default for this CPU
+ * (nm_isa_kernels.nibble_decode); a negative value restores it, nm_get_nibble_decode returns
+ * the forced one or -1 (the values: nm_kernels.h). Either gives the same bits, only the time
+ * differs. */
+void nm_set_nibble_decode(int decode);
+int nm_get_nibble_decode(void);
+
 /* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
  * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
  * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */

@@ -248,6 +248,10 @@ typedef struct nm_isa_kernels {
      * this CPU (NM_PACKED_GEMV_PREFETCH, kernel_common.h; 0: no hint), unless
      * nm_set_packed_gemv_ahead forces another; -1: the row's walks have no hint compiled */
     int64_t packed_gemv_ahead;
+    /* How its packed m <= 2 walks decode 4-bit codes by default on this CPU
+     * (NM_NIBBLE_DECODE_*, narrowmm.h), unless nm_set_nibble_decode forces the other; -1: the
+     * row has one decode */
+    int nibble_decode;
     nm_gemv_fn gemv[NM_MATMUL_SLOTS];
     const char *gemv_name[NM_MATMUL_SLOTS];
     nm_gemv2_fn gemv2[NM_MATMUL_SLOTS];
@@ -307,6 +311,16 @@ typedef struct nm_isa_kernels {
 extern _Atomic int64_t nm_packed_gemv_ahead_forced;
 static inline int64_t nm_packed_gemv_ahead(int64_t row_default) {
     const int64_t forced = atomic_load_explicit(&nm_packed_gemv_ahead_forced, memory_order_relaxed);
+    return forced >= 0 ? forced : row_default;
+}
+
+/* The packed 4-bit walks' decodes (nm_set_nibble_decode, narrowmm.h) */
+enum { NM_NIBBLE_DECODE_IN_PLACE = 0, NM_NIBBLE_DECODE_PERMUTE = 1 };
+/* The decode nm_set_nibble_decode forces on the rows with a choice, -1 for each row's own
+ * (nm_isa_kernels.nibble_decode); defined by the frame, read by each walk when it starts */
+extern _Atomic int nm_nibble_decode_forced;
+static inline int nm_nibble_decode(int row_default) {
+    const int forced = atomic_load_explicit(&nm_nibble_decode_forced, memory_order_relaxed);
     return forced >= 0 ? forced : row_default;
 }
 

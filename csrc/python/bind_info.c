@@ -331,6 +331,57 @@ PyObject *py_packed_gemv_ahead(PyObject *self, PyObject *noargs) {
     return Py_BuildValue("(LL)", (long long)nm_packed_gemv_ahead(own), (long long)own);
 }
 
+/* the 4-bit decodes' names (NM_NIBBLE_DECODE_*), the only values the Python side takes */
+static const char *const nibble_decode_names[] = {"in-place", "permute"};
+
+static PyObject *nibble_decode_name(int decode) {
+    if (decode < 0) Py_RETURN_NONE;
+    return PyUnicode_FromString(nibble_decode_names[decode]);
+}
+
+/* set_nibble_decode("in-place" or "permute" or None): the packed 4-bit walks' decode, forced
+ * on the rows with a choice; None restores each row's default */
+PyObject *py_set_nibble_decode(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (arg == Py_None) {
+        nm_set_nibble_decode(-1);
+        Py_RETURN_NONE;
+    }
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (name)
+        for (int d = 0; d < 2; ++d)
+            if (strcmp(name, nibble_decode_names[d]) == 0) {
+                nm_set_nibble_decode(d);
+                Py_RETURN_NONE;
+            }
+    if (PyErr_Occurred()) return NULL;
+    return PyErr_Format(PyExc_ValueError,
+                        "nibble_decode must be 'in-place', 'permute' or None, not %R", arg);
+}
+
+/* get_nibble_decode(): the forced decode's name, or None */
+PyObject *py_get_nibble_decode(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return nibble_decode_name(nm_get_nibble_decode());
+}
+
+/* nibble_decode(): (the decode the row in use takes now, its default on this CPU); (None,
+ * None) for a row with one decode */
+PyObject *py_nibble_decode(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    const int own = current_row->nibble_decode;
+    if (own < 0) return Py_BuildValue("(OO)", Py_None, Py_None);
+    PyObject *now = nibble_decode_name(nm_nibble_decode(own));
+    PyObject *dflt = now ? nibble_decode_name(own) : NULL;
+    if (!dflt) {
+        Py_XDECREF(now);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", now, dflt);
+}
+
 PyObject *py_l2_cache_bytes(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;

@@ -80,6 +80,14 @@ static PyMethodDef methods[] = {
     {"packed_gemv_ahead", py_packed_gemv_ahead, METH_NOARGS,
      "(distance in force, the row's default on this CPU) for the row in use; (None, None) "
      "for a row without the hint."},
+    {"set_nibble_decode", py_set_nibble_decode, METH_O,
+     "How the packed m <= 2 walks decode 4-bit codes on the rows with a choice: 'in-place' "
+     "or 'permute' (None: each row's default)."},
+    {"get_nibble_decode", py_get_nibble_decode, METH_NOARGS,
+     "The decode set_nibble_decode forces, or None."},
+    {"nibble_decode", py_nibble_decode, METH_NOARGS,
+     "(decode in force, the row's default on this CPU) for the row in use; (None, None) for "
+     "a row with one decode."},
     {"l2_cache_bytes", py_l2_cache_bytes, METH_NOARGS,
      "One core's L2 as the OS reports it (0: unknown)."},
     {"parallel_jobs", py_parallel_jobs, METH_NOARGS, "Jobs split across threads so far."},

@@ -643,11 +643,11 @@ static void run_case(const nm_isa_kernels *row, const nm_isa_kernels *ref, int f
         free(c8), free(oc8), free(fs), free(ofs), free(fgm), free(bias);
 }
 
-static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
+static void test_shapes_of(const nm_isa_kernels *row, const nm_isa_kernels *ref, int fmt) {
     static const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17};
     static const int64_t ns[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 100, 257};
     static const int64_t ks[] = {0, 1, 2, 3, 5, 17, 256, 257, 300};
-    for (int fmt = 0; fmt < NM_FMT_COUNT; ++fmt) {
+    {
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; ++i)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; ++j) {
                 /* every (m, n) pair once, with a k and flags drawn at random */
@@ -700,12 +700,29 @@ static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
         }
         nm_set_packed_gemv_ahead(-1);
     }
+}
+
+static void test_shapes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
+    for (int fmt = 0; fmt < NM_FMT_COUNT; ++fmt) test_shapes_of(row, ref, fmt);
     /* a chain starts from one value: a bias with accumulate is refused, C untouched */
     float a1[2] = {1.0f, 2.0f}, c1[2] = {GUARD, GUARD}, bias1[2] = {3.0f, 4.0f};
     const uint8_t b1[8] = {0};
     const int st = nm_matmul(row, NM_FMT_F32, 1, 2, 1, a1, 1, b1, 8, c1, 2, 1, bias1, NULL);
     expect(st == NM_EINVAL && bits_of(c1[0]) == bits_of(GUARD) && bits_of(c1[1]) == bits_of(GUARD),
            "%s: a bias with accumulate gave status %d", row->isa, st);
+}
+
+/* A row with a choice of 4-bit decodes (nm_isa_kernels.nibble_decode): the 4-bit formats'
+ * sweep and shapes again with the decode it does not take by default forced (the default's
+ * ran with the rest): the same bits, read within the weights under the sanitizers */
+static void test_nibble_decodes(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
+    if (row->nibble_decode < 0) return;
+    nm_set_nibble_decode(!row->nibble_decode);
+    test_sweep_nibbles(row);
+    for (int fmt = 0; fmt < NM_FMT_COUNT; ++fmt)
+        if (nm_format_table[fmt].kpack > 1) test_shapes_of(row, ref, fmt);
+    nm_set_nibble_decode(-1);
+    expect(nm_get_nibble_decode() == -1, "%s: the forced decode not restored", row->isa);
 }
 
 /* The row's softmax exps (nm_isa_kernels.expf) against nm_expf one element at a time:
@@ -1023,6 +1040,7 @@ int main(void) {
         test_no_subnormal_operands(&row, &ref);
 #endif
         test_shapes(&row, &ref);
+        test_nibble_decodes(&row, &ref);
         test_softmax_exp(&row);
         test_model_ops(&row, &ref);
         test_decoder_step(&row, &ref);

@@ -45,6 +45,7 @@ def runtime_info() -> dict[str, Any]:
     c = core()
     native = get_provider("native")
     prefetch = c.packed_gemv_ahead() if c else (None, None)
+    nibbles = c.nibble_decode() if c else (None, None)
     kernels = []
     for op, fmt in operations():
         try:
@@ -105,6 +106,12 @@ def runtime_info() -> dict[str, Any]:
         "gemv_prefetch_bytes": prefetch[0],
         "gemv_prefetch_default": prefetch[1],
         "gemv_prefetch_forced": c.get_packed_gemv_ahead() is not None if c else False,
+        # how the packed m <= 2 walks of the row in use decode 4-bit codes ("in-place" or
+        # "permute"; None: a row with one decode), its default on this CPU, and whether
+        # NARROWMM_NIBBLE_DECODE forced it
+        "nibble_decode": nibbles[0],
+        "nibble_decode_default": nibbles[1],
+        "nibble_decode_forced": c.get_nibble_decode() is not None if c else False,
         "spin_ns": c.get_spin_ns() if c else None,
         "omp_team": bool(c.omp_team()) if c else False,
         # the packed width of a 16-bit format, then of a byte one (Weights.pack)
@@ -185,6 +192,12 @@ def show_runtime(as_json: bool = False) -> None:
     elif info["isa"]:
         print(f"prefetch:  packed weights at m = 1 and 2: no software prefetch on the "
               f"{info['isa']} row")
+    if info["nibble_decode"] is not None:
+        source = ("forced by NARROWMM_NIBBLE_DECODE; default "
+                  f"{info['nibble_decode_default']}" if info["nibble_decode_forced"]
+                  else "this row's default on this CPU")
+        print(f"nibbles:   packed 4-bit weights at m = 1 and 2: the {info['nibble_decode']} "
+              f"decode ({source})")
     if info["pack_width"]:
         wide, byte = info["pack_width"]
         print(f"packing:   Weights.pack() makes {wide}-column slivers for this row "

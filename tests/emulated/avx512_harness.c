@@ -76,6 +76,7 @@ typedef struct emu_job {
     int64_t s_half;    /* s is a binary16 grid (nm_scales.s16; the GGUF formats) */
     int64_t s_lsl;     /* nm_scales.lsl: 0, or s is group-major (packed weights, nm_pack_width) */
     int64_t s_per_super; /* > 0: s is a factored grid (nm_scales.c8), super-blocks this long */
+    int64_t nibble_decode; /* nm_set_nibble_decode's value for the job (-1: the row's own) */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -84,6 +85,7 @@ void nm_emu_main(emu_job *job) {
     nm_fill_row_avx512(&row);
     heap_used = 0;
     emulated_threads = (int)job->threads;
+    nm_set_nibble_decode((int)job->nibble_decode);
     /* a format with offsets (Q4_1) has them below its scales, as the binding takes them */
     const int64_t blocks = job->s_bk > 0 && job->k > 0 ? (job->k + job->s_bk - 1) / job->s_bk : 1;
     const int with_offsets = job->fmt >= 0 && job->fmt < NM_FMT_COUNT &&

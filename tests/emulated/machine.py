@@ -124,7 +124,7 @@ class Machine:
                                f"at {rip:#x}, not at its return")
 
 
-JOB = struct.Struct("<10q4Q7q")  # emu_job in avx512_harness.c
+JOB = struct.Struct("<10q4Q8q")  # emu_job in avx512_harness.c
 
 
 def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
@@ -132,7 +132,8 @@ def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
     c_size, and b_offset (B's distance from a 64-byte boundary); for a scaled format also
     s (the kernels' scales, bytes), s_ld, s_bk, s_finite, s_half (s is a float16 grid),
     s_lsl (nm_scales.lsl: 0, or s is a packed layout's group-major grid) and s_per_super
-    (> 0: s is a factored grid, nm_scales.c8, of super-blocks this many blocks long).
+    (> 0: s is a factored grid, nm_scales.c8, of super-blocks this many blocks long); and
+    nibble_decode (nm_set_nibble_decode's value for the job; -1, the row's own, by default).
     Returns each job's c window
     (c_size bytes) after the call."""
     data_bytes = max(JOB.size + len(j["a"]) + len(j["b"]) + j["c_size"] + len(j.get("s", b""))
@@ -153,9 +154,9 @@ def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
             machine.write(s_at, s_bytes)
         fields = [j[f] for f in ("op", "fmt", "m", "n", "k", "lda", "ldb", "ldc",
                                  "accumulate", "threads")]
-        scales = [j.get(f, 0) for f in ("s_ld", "s_bk", "s_finite", "s_half", "s_lsl",
-                                        "s_per_super")]
-        machine.write(DATA, JOB.pack(*fields, a_at, b_at, c_at, s_at, *scales, -999))
+        settings = [j.get(f, 0) for f in ("s_ld", "s_bk", "s_finite", "s_half", "s_lsl",
+                                          "s_per_super")] + [j.get("nibble_decode", -1)]
+        machine.write(DATA, JOB.pack(*fields, a_at, b_at, c_at, s_at, *settings, -999))
         machine.call(entry, DATA)
         status = JOB.unpack(machine.read(DATA, JOB.size))[-1]
         if status not in (0, 1):

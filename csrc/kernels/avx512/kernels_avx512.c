@@ -36,6 +36,16 @@
 static _Atomic int64_t packed_gemv_ahead_avx512;
 #define PACKED_GEMV_AHEAD                                                                    \
     nm_packed_gemv_ahead(atomic_load_explicit(&packed_gemv_ahead_avx512, memory_order_relaxed))
+/* The 4-bit walks' decode (nm_isa_kernels.nibble_decode) differs by CPU too, and a walk reads
+ * it when it starts: on an Intel Xeon the permute on byte views (NIBBLE_VIEW_) ran the walks
+ * 7-20 % faster from L2 than the decodes before it (Q4_0 shifted then permuted, Q4_1 and
+ * Q4_K in place), -1 to +5 % from memory (docs/results/nibble-views-xeon-2026-12-07.txt); on
+ * an AMD Zen 4 the shifts do not take the FMAs' pipes, the views ran 0.94-1.06x and in place
+ * beat the permute (docs/kernels.md): the permute on Intel CPUs, the rest elsewhere. */
+static _Atomic int nibble_decode_avx512;
+#define NIBBLE_VIEWS_                                                                        \
+    (nm_nibble_decode(atomic_load_explicit(&nibble_decode_avx512, memory_order_relaxed)) ==   \
+     NM_NIBBLE_DECODE_PERMUTE)
 
 /* ---- loading 16 weights as float32 (B may sit at any byte address) ------------------ */
 
@@ -356,8 +366,9 @@ static inline __m512 load16_scales_half(const uint16_t *p) { return LOAD16_HALF(
  * finite), which stage_in_place256 checks for a block. An AND and a conversion for 16
  * weights where the shift and the permute took 3-5 % more time in a loop of their own on a
  * Zen 4 (docs/results/in-place-nibbles-zen4-2026-12-07.txt); Q4_0's signed codes keep the
- * permute (in place they would need the sign brought down). NIBBLES##_IN_PLACE: whether the
- * format has this decode; NIBBLES##_STRIDED_IN_PLACE takes the staged scale of t at sp. */
+ * permute (in place they would need the sign brought down). A walk on the permute's views
+ * (NIBBLE_VIEWS_: Intel CPUs) never takes it. NIBBLES##_IN_PLACE: whether the format has
+ * this decode; NIBBLES##_STRIDED_IN_PLACE takes the staged scale of t at sp. */
 #define NIBBLES16_Q4_0P_IN_PLACE 0
 #define NIBBLES16_Q4_1_IN_PLACE 1
 #define NIBBLES16_Q4_0P_STRIDED_IN_PLACE NIBBLES16_Q4_0P_STRIDED /* never taken */
@@ -396,11 +407,27 @@ static inline int stage_in_place256(float *dst, const float *sc) {
 #define STRIDED_SCALES_(sc_, w_, n_) ((sc_) + 16 * (w_))
 #define IN_PLACE_SCALES_(sc_, w_, n_) ((sc_) + 32 * (w_) + 16 * (n_))
 
+/* The lanes of half h_ of stored row row_ (already loaded as v_) that hold, in their low
+ * byte, byte q_ of each lane of v_ (column 64h + 4i + q's two codes): the same 64 bytes read
+ * q_ bytes further on, so that the permute finds the low nibble without a shift and the high
+ * one after a shift of 4, where v_ itself needs a shift for 7 of its 8 codes. On an Intel
+ * Xeon the shifts share the FMAs' two pipes with the permutes (docs/kernels.md). Half 1's
+ * views read up to 3 bytes past the row, the next row's: the call's last row (LAST_) shifts
+ * v_ instead, so no byte past the call's rows is read. */
+#define NIBBLE_VIEW_(v_, row_, h_, q_, LAST_)                                                \
+    ((q_) == 0                 ? (v_)                                                        \
+     : (LAST_) && (h_) == 1    ? _mm512_srli_epi32((v_), 8 * (q_))                           \
+                               : _mm512_loadu_si512((const void *)((row_) + 64 * (h_) + (q_))))
+
 /* Stored row r (at row_) of a group for RR rows of A (lda apart): the two codes of every
  * column, decoded once for the RR rows by DECODE (a NIBBLES##_STRIDED form), the low
  * nibble's FMA first, into acc_ (row r_'s eight strided vectors at acc_ + 8 r_), the scales
- * staged at sc_ (where SCALES_AT finds them) and the offsets at of_ */
-#define NIBBLE_STRIDED_ROW_(DECODE, SCALES_AT, RR, acc_, a, lda, r, row_, sc_, of_)         \
+ * staged at sc_ (where SCALES_AT finds them) and the offsets at of_. VIEWS_ (a constant):
+ * the codes through NIBBLE_VIEW_ (the permute decodes), LAST_ saying whether r is the
+ * call's last row; else each half's one load, a code at bit 8q or 8q + 4 (the in-place
+ * decode's scales are staged for those bits). */
+#define NIBBLE_STRIDED_ROW_(DECODE, SCALES_AT, VIEWS_, LAST_, RR, acc_, a, lda, r, row_, sc_, \
+                            of_)                                                             \
     do {                                                                                     \
         __m512 al_[RR], ah_[RR];                                                             \
         _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                          \
@@ -411,10 +438,11 @@ static inline int stage_in_place256(float *dst, const float *sc) {
             const __m512i v_ = _mm512_loadu_si512((const void *)((row_) + 64 * h_));         \
             _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 4; ++q_) {                         \
                 const int w_ = 4 * h_ + q_;                                                  \
-                const __m512 wl_ =                                                           \
-                    DECODE(v_, 8 * q_, SCALES_AT(sc_, w_, 0), (of_) + 16 * w_);              \
+                const __m512i u_ = (VIEWS_) ? NIBBLE_VIEW_(v_, row_, h_, q_, LAST_) : v_;    \
+                const int t_ = (VIEWS_) ? 0 : 8 * q_; /* the low nibble's bit in u_ */      \
+                const __m512 wl_ = DECODE(u_, t_, SCALES_AT(sc_, w_, 0), (of_) + 16 * w_);   \
                 const __m512 wh_ =                                                           \
-                    DECODE(v_, 8 * q_ + 4, SCALES_AT(sc_, w_, 1), (of_) + 16 * w_);          \
+                    DECODE(u_, t_ + 4, SCALES_AT(sc_, w_, 1), (of_) + 16 * w_);              \
                 _Pragma("GCC unroll 2") for (int r_ = 0; r_ < (RR); ++r_) {                  \
                     acc_[8 * r_ + w_] = _mm512_fmadd_ps(al_[r_], wl_, acc_[8 * r_ + w_]);    \
                     acc_[8 * r_ + w_] = _mm512_fmadd_ps(ah_[r_], wh_, acc_[8 * r_ + w_]);    \
@@ -422,33 +450,51 @@ static inline int stage_in_place256(float *dst, const float *sc) {
             }                                                                                \
         }                                                                                    \
     } while (0)
-/* Stored rows [r0_, end_) under one block, in place (the scales at sc_ staged by
- * stage_in_place256) or through the permute (sc_ as STAGE_STRIDED128 stages them) */
-#define NIBBLE_STRIDED_ROWS_(NIBBLES, IP_, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_)    \
+/* Stored rows [r0_, end_) under one block, in place (IP_ 1: the scales at sc_ staged by
+ * stage_in_place256) or through the permute (sc_ as STAGE_STRIDED128 stages them), on
+ * byte views (views_, the walk's NIBBLE_VIEWS_) or shifting each half's one load; rows_:
+ * the call's stored rows (the views read the last one in its own form) */
+#define NIBBLE_STRIDED_ROWS_(NIBBLES, IP_, views_, RR, acc_, a, lda, b, ldb, r0_, end_, rows_, \
+                             sc_, of_)                                                       \
     do {                                                                                     \
-        if (IP_) { /* 1: in place, 0: the permute */                                         \
+        if (IP_) {                                                                           \
             for (int64_t r = (r0_); r < (end_); ++r) {                                       \
                 NM_PACKED_GEMV_PREFETCH((b) + r * (ldb), ldb);                               \
-                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED_IN_PLACE, IN_PLACE_SCALES_, RR, acc_, a, \
+                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED_IN_PLACE, IN_PLACE_SCALES_, 0, 0, RR,  \
+                                    acc_, a, lda, r, (b) + r * (ldb), sc_, of_);             \
+            }                                                                                \
+        } else if (views_) {                                                                 \
+            const int64_t before_last_ = (end_) < (rows_) ? (end_) : (rows_) - 1;            \
+            for (int64_t r = (r0_); r < before_last_; ++r) {                                 \
+                NM_PACKED_GEMV_PREFETCH((b) + r * (ldb), ldb);                               \
+                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, 1, 0, RR, acc_, a,   \
+                                    lda, r, (b) + r * (ldb), sc_, of_);                      \
+            }                                                                                \
+            if ((end_) == (rows_)) {                                                         \
+                const int64_t r = (rows_) - 1;                                               \
+                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, 1, 1, RR, acc_, a,   \
                                     lda, r, (b) + r * (ldb), sc_, of_);                      \
             }                                                                                \
         } else {                                                                             \
             for (int64_t r = (r0_); r < (end_); ++r) {                                       \
                 NM_PACKED_GEMV_PREFETCH((b) + r * (ldb), ldb);                               \
-                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, RR, acc_, a, lda, r, \
-                                    (b) + r * (ldb), sc_, of_);                              \
+                NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, 0, 0, RR, acc_, a,   \
+                                    lda, r, (b) + r * (ldb), sc_, of_);                      \
             }                                                                                \
         }                                                                                    \
     } while (0)
 /* The same under one block of scales staged at sc_ (strided) and offsets at of_: in place
- * where the format and the scales allow it */
-#define NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_)        \
+ * where the format, the walk's decode and the scales allow it */
+#define NIBBLE_STRIDED_BLOCK_(NIBBLES, views_, RR, acc_, a, lda, b, ldb, r0_, end_, rows_, sc_, \
+                              of_)                                                           \
     do {                                                                                     \
         _Alignas(64) float sp_[256];                                                         \
-        if (NIBBLES##_IN_PLACE && stage_in_place256(sp_, sc_))                               \
-            NIBBLE_STRIDED_ROWS_(NIBBLES, 1, RR, acc_, a, lda, b, ldb, r0_, end_, sp_, of_); \
+        if (NIBBLES##_IN_PLACE && !(views_) && stage_in_place256(sp_, sc_))                  \
+            NIBBLE_STRIDED_ROWS_(NIBBLES, 1, 0, RR, acc_, a, lda, b, ldb, r0_, end_, rows_,  \
+                                 sp_, of_);                                                  \
         else                                                                                 \
-            NIBBLE_STRIDED_ROWS_(NIBBLES, 0, RR, acc_, a, lda, b, ldb, r0_, end_, sc_, of_); \
+            NIBBLE_STRIDED_ROWS_(NIBBLES, 0, views_, RR, acc_, a, lda, b, ldb, r0_, end_,    \
+                                 rows_, sc_, of_);                                           \
     } while (0)
 /* C's RR rows (ldc apart) of 128 columns in (strided) and out */
 #define NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc)                                               \
@@ -490,6 +536,7 @@ static inline int stage_in_place256(float *dst, const float *sc) {
                             const ST *s, const ST *o, int64_t bk, int64_t lds) {             \
         (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
         NM_PACKED_GEMV_AHEAD_;                                                               \
+        const int views_ = NIBBLE_VIEWS_;                                                    \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
@@ -498,8 +545,8 @@ static inline int stage_in_place256(float *dst, const float *sc) {
             _Alignas(64) float sc_[128], of_[128];                                           \
             STAGE_STRIDED128(sc_, GRID16_S_);                                                \
             if (NIBBLES##_OFFSETS) STAGE_STRIDED128(of_, GRID16_O_);                         \
-            NIBBLE_STRIDED_BLOCK_(NIBBLES, RR, acc_, a, lda, b, ldb, r0_,                    \
-                                  NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);              \
+            NIBBLE_STRIDED_BLOCK_(NIBBLES, views_, RR, acc_, a, lda, b, ldb, r0_,            \
+                                  NM_BLOCK_END_(r0_, block_, k / 2), k / 2, sc_, of_);       \
         }                                                                                    \
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
@@ -542,29 +589,30 @@ static inline void stage_strided_factored256(float *dst, const int8_t *cp, const
     static inline NM_FACTORED_SIGNATURE_(NAME) {                                             \
         (void)slb, (void)lda, (void)ldc; /* slb == NR */                                     \
         NM_PACKED_GEMV_AHEAD_;                                                               \
+        const int views_ = NIBBLE_VIEWS_;                                                    \
         const int64_t block_ = (bk < k ? bk : k) / 2; /* stored rows under one block */      \
         __m512 acc_[8 * (RR)];                                                               \
         NIBBLE_STRIDED_C_IN_(RR, acc_, c, ldc);                                              \
         _Alignas(64) float fs_[128], fo_[128]; /* the super-block's factors, strided */     \
         _Alignas(64) float fi_[256]; /* and its scale factors times 2^-t, for in place */   \
         STAGE_STRIDED_FACTORS_(fs_, fo_);                                                    \
-        int in_place_ = NIBBLES##_IN_PLACE && stage_in_place256(fi_, fs_);                   \
+        int in_place_ = NIBBLES##_IN_PLACE && !views_ && stage_in_place256(fi_, fs_);       \
         for (int64_t r0_ = 0, left_ = per_super; r0_ < k / 2; r0_ += block_) {               \
             _Alignas(64) float sc_[256], of_[128];                                           \
             stage_strided_factored128(of_, co, fo_);                                         \
             if (in_place_) {                                                                 \
                 stage_strided_factored256(sc_, cs, fi_);                                     \
-                NIBBLE_STRIDED_ROWS_(NIBBLES, 1, RR, acc_, a, lda, b, ldb, r0_,              \
-                                     NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);           \
+                NIBBLE_STRIDED_ROWS_(NIBBLES, 1, 0, RR, acc_, a, lda, b, ldb, r0_,           \
+                                     NM_BLOCK_END_(r0_, block_, k / 2), k / 2, sc_, of_);    \
             } else {                                                                         \
                 stage_strided_factored128(sc_, cs, fs_);                                     \
-                NIBBLE_STRIDED_ROWS_(NIBBLES, 0, RR, acc_, a, lda, b, ldb, r0_,              \
-                                     NM_BLOCK_END_(r0_, block_, k / 2), sc_, of_);           \
+                NIBBLE_STRIDED_ROWS_(NIBBLES, 0, views_, RR, acc_, a, lda, b, ldb, r0_,      \
+                                     NM_BLOCK_END_(r0_, block_, k / 2), k / 2, sc_, of_);    \
             }                                                                                \
             NM_FACTORED_NEXT_(r0_ + block_ >= k / 2, cs, co, fs, fo, ld, left_, per_super);  \
             if (left_ == per_super) { /* fs and fo stepped to the next super-block */        \
                 STAGE_STRIDED_FACTORS_(fs_, fo_);                                            \
-                in_place_ = NIBBLES##_IN_PLACE && stage_in_place256(fi_, fs_);               \
+                in_place_ = NIBBLES##_IN_PLACE && !views_ && stage_in_place256(fi_, fs_);   \
             }                                                                                \
         }                                                                                    \
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
@@ -861,6 +909,8 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     row->packed_gemv_ahead = nm_x86_is_intel() ? PACKED_GEMV_AHEAD_INTEL : 0;
     atomic_store_explicit(&packed_gemv_ahead_avx512, row->packed_gemv_ahead,
                           memory_order_relaxed);
+    row->nibble_decode = nm_x86_is_intel() ? NM_NIBBLE_DECODE_PERMUTE : NM_NIBBLE_DECODE_IN_PLACE;
+    atomic_store_explicit(&nibble_decode_avx512, row->nibble_decode, memory_order_relaxed);
     NM_SET_MATMUL_SLOTS(row, gemv, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv2, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx512);

@@ -548,9 +548,13 @@ def main(args: Any) -> int:
     ahead = info["gemv_prefetch_bytes"]
     prefetch = ("gemv prefetch " + (f"{ahead} bytes" if ahead else "none")
                 + (" (NARROWMM_GEMV_PREFETCH_BYTES)" if info["gemv_prefetch_forced"] else ""))
+    # and their 4-bit decode, on the rows with a choice
+    nibbles = (() if info["nibble_decode"] is None else
+               (f"{info['nibble_decode']} nibble decode"
+                + (" (NARROWMM_NIBBLE_DECODE)" if info["nibble_decode_forced"] else ""),))
     print(run_line(cfg.threads, KERNEL_PEERS, isas=cfg.isas,
                    details=(f"cache {', '.join(cfg.caches)}", f"L3 {l3_bytes() >> 20} MiB",
-                            outer, prefetch)))
+                            outer, prefetch, *nibbles)))
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]
     if set_vars:
         print(f"note: {', '.join(f'{v}={os.environ[v]}' for v in set_vars)} is set and slows "

@@ -102,18 +102,41 @@ def apply_gemv_prefetch_environment() -> None:
     _core.set_packed_gemv_ahead(nbytes)  # None: the row's own
 
 
+NIBBLE_DECODES = ("in-place", "permute")
+
+
+def apply_nibble_decode_environment() -> None:
+    """Apply ``NARROWMM_NIBBLE_DECODE``, if set: how the packed m = 1 and m = 2 walks
+    decode the 4-bit formats' codes on the rows with a choice (avx512): ``in-place`` (Q4_1's
+    and the K types' codes masked and converted where they sit, when a block's scales allow)
+    or ``permute`` (every code through a table permute); unset: the row's default for this
+    CPU, which ``narrowmm info`` shows. The decode changes the time, never a bit: tests and
+    benchmarks force it."""
+    if _core is None:
+        return
+    name = "NARROWMM_NIBBLE_DECODE"
+    _environ.forget(name)
+    value = os.environ.get(name, "").strip()
+    if value and value not in NIBBLE_DECODES:
+        _environ.record(name, f"{name}={value!r} must be one of {', '.join(NIBBLE_DECODES)}; "
+                              "unset it for the row's default")
+        value = ""
+    _core.set_nibble_decode(value or None)  # None: the row's own
+
+
 def checked_core():
     """The loaded ``_core`` module, after checking the environment that configures it.
 
     Raises:
         RuntimeError: the extension did not load.
         EnvironmentVariableError: ``NARROWMM_ISA``, ``NARROWMM_NUM_THREADS``,
-            ``NARROWMM_SLIVER_OUTER_KIB`` or ``NARROWMM_GEMV_PREFETCH_BYTES`` is invalid.
+            ``NARROWMM_SLIVER_OUTER_KIB``, ``NARROWMM_GEMV_PREFETCH_BYTES`` or
+            ``NARROWMM_NIBBLE_DECODE`` is invalid.
     """
     if _core is None:
         raise RuntimeError(f"the native core is unavailable: {_IMPORT_ERROR}")
     _environ.check("NARROWMM_ISA", "NARROWMM_NUM_THREADS", "NARROWMM_SLIVER_OUTER_KIB",
-                   "NARROWMM_GEMV_PREFETCH_BYTES")
+                   "NARROWMM_GEMV_PREFETCH_BYTES", "NARROWMM_NIBBLE_DECODE")
     return _core
 
 
@@ -239,3 +262,4 @@ def describe_kernels(op: str, names: list[str], packed: list[str] | None = None)
 apply_isa_environment()
 apply_sliver_outer_environment()
 apply_gemv_prefetch_environment()
+apply_nibble_decode_environment()
