@@ -158,33 +158,58 @@ def _cpu_vendor() -> str:
                  if line.startswith("vendor_id")), "")
 
 
-def test_the_gemv_prefetch_default_is_the_rows_for_this_cpu():
-    """Each row's default distance, as measured (docs/kernels.md): the avx512 row 2048 bytes
-    on Intel CPUs and none elsewhere (a Zen 4 lost with it), the avx2 row 2048 everywhere,
-    the portable rows no hint at all; None restores the default after a forced one."""
+def _walk_setting_default(setting: str, isa: str, vendor: str):
+    """A row's default for a packed walks' setting, as measured (docs/kernels.md): the
+    prefetch 2048 bytes on the avx512 row of Intel CPUs and none on AMD ones (a Zen 4 lost
+    with it), 2048 on the avx2 row everywhere; the 4-bit decode the permute on the avx512
+    row of Intel CPUs and in place elsewhere (a Zen 4 ran in place faster); None on the rows
+    without the setting."""
+    intel = vendor == "GenuineIntel"
+    if setting == "gemv prefetch":
+        return {"avx512": 2048 if intel else 0, "avx2": 2048}.get(isa)
+    return ("permute" if intel else "in-place") if isa == "avx512" else None
+
+
+# per setting: a value to force, and bad values with the error each raises
+WALK_SETTING_CHECKS = {
+    "gemv prefetch": (512, [(-5, ValueError, "packed_gemv_ahead must be >= 0"),
+                            ("1", TypeError, None)]),
+    "nibble decode": ("in-place", [(bad, ValueError, "must be 'in-place', 'permute' or None")
+                                   for bad in ("shift", "", 1, b"permute")]),
+}
+
+
+@pytest.mark.parametrize("setting", list(WALK_SETTINGS))
+def test_the_packed_walks_settings_default_to_the_rows_for_this_cpu(setting):
+    """Each row's default for the packed walks' settings on this CPU (_walk_setting_default);
+    a forced value shows on the rows that have the setting, None restores the default, and
+    bad values are refused."""
+    name = WALK_SETTINGS[setting][0]
+    forced_value, bad_values = WALK_SETTING_CHECKS[setting]
     c = core()
-    before = c.get_packed_gemv_ahead()
+    set_value, forced, in_force = (getattr(c, f"set_{name}"), getattr(c, f"get_{name}"),
+                                   getattr(c, name))
+    before = forced()
     vendor = _cpu_vendor()
     try:
-        c.set_packed_gemv_ahead(None)
-        assert c.get_packed_gemv_ahead() is None
+        set_value(None)
+        assert forced() is None
         for isa in ISAS:
             with use_isa(isa):
-                want = {"avx512": 2048 if vendor == "GenuineIntel" else 0,
-                        "avx2": 2048}.get(isa)
                 if isa == "avx512" and not vendor:
                     continue  # no /proc/cpuinfo to tell the maker
-                assert c.packed_gemv_ahead() == (want, want), isa
-                c.set_packed_gemv_ahead(512)
-                assert c.packed_gemv_ahead() == ((None, None) if want is None
-                                                 else (512, want)), isa
-                c.set_packed_gemv_ahead(None)
-        with pytest.raises(ValueError, match="packed_gemv_ahead must be >= 0"):
-            c.set_packed_gemv_ahead(-5)
-        with pytest.raises(TypeError):
-            c.set_packed_gemv_ahead("1")
+                want = _walk_setting_default(setting, isa, vendor)
+                assert in_force() == (want, want), isa
+                set_value(forced_value)
+                assert in_force() == ((None, None) if want is None
+                                      else (forced_value, want)), isa
+                set_value(None)
+        for bad, error, match in bad_values:
+            with pytest.raises(error, match=match):
+                set_value(bad)
+        assert forced() is None
     finally:
-        c.set_packed_gemv_ahead(before)
+        set_value(before)
 
 
 def test_the_sliver_order_limit_defaults_to_the_l2_within_the_measured_sizes():
@@ -510,32 +535,3 @@ def test_linear_layer_packs(rng):
     assert (layer.in_features, layer.out_features) == (20, 30)
     assert_same_bits(layer(x), want)
     assert_same_bits(nm.Linear(layer.weights, bias)(x), want)
-
-
-def test_the_nibble_decode_default_is_the_rows_for_this_cpu():
-    """The avx512 row's default 4-bit decode, as measured (docs/kernels.md): the permute on
-    Intel CPUs, in place elsewhere (a Zen 4 ran in place faster); the other rows have one
-    decode; None restores the default after a forced one; anything else is refused."""
-    c = core()
-    before = c.get_nibble_decode()
-    vendor = _cpu_vendor()
-    try:
-        c.set_nibble_decode(None)
-        assert c.get_nibble_decode() is None
-        for isa in ISAS:
-            with use_isa(isa):
-                want = (("permute" if vendor == "GenuineIntel" else "in-place")
-                        if isa == "avx512" else None)
-                if isa == "avx512" and not vendor:
-                    continue  # no /proc/cpuinfo to tell the maker
-                assert c.nibble_decode() == (want, want), isa
-                c.set_nibble_decode("in-place")
-                assert c.nibble_decode() == ((None, None) if want is None
-                                             else ("in-place", want)), isa
-                c.set_nibble_decode(None)
-        for bad in ("shift", "", 1, b"permute"):
-            with pytest.raises(ValueError, match="must be 'in-place', 'permute' or None"):
-                c.set_nibble_decode(bad)
-        assert c.get_nibble_decode() is None
-    finally:
-        c.set_nibble_decode(before)
