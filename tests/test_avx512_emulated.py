@@ -243,14 +243,15 @@ def test_every_weight_pattern_through_the_packed_layout(emulator, m):
 def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads: int,
              finite: bool, pad: int = 0, b_offset: int = 0, bits: np.ndarray | None = None,
              scales: nm.Scales | None = None, packed_layout: bool = False,
-             half: bool = False, per_super: int = 0):
+             half: bool = False, per_super: int = 0, streams: int | None = None):
     """An FP8 job with a random block grid of scales (or the given ones) in the kernels'
     form, and the scalar row's answer. finite: NaN/Inf codes replaced by zero, and the
     finite-weights kernels asked for. half (the GGUF formats): the random scales and offsets
     rounded to binary16, which the kernels then take as a float16 grid. per_super > 1 (the
     K types): scales (and offsets) a binary16 factor per per_super blocks times an int8
     code, which the kernels take as a factored grid (nm_scales.c8), in blocks of 4 rows
-    (8 for the 4-bit formats)."""
+    (8 for the 4-bit formats). streams: the groups the packed m = 1 walks take at once
+    (nm_set_gemv_streams), else 1 or 2 at random."""
     f = nm.get_format(fmt)
     ldb = n + pad
     k += k % f.kpack  # the 4-bit formats: two rows a byte
@@ -309,7 +310,8 @@ def fp8_case(rng, fmt: str, m: int, n: int, k: int, *, accumulate: bool, threads
                s_half=int(grid.dtype == np.float16), s_per_super=per_super)
     if f.kpack > 1:  # the 4-bit walks' two decodes (nm_set_nibble_decode), either forced
         job["nibble_decode"] = int(rng.integers(2))
-    if packed_layout:
+    if packed_layout:  # one group a call at m = 1, or two (nm_set_gemv_streams), either forced
+        job["gemv_streams"] = streams or int(rng.integers(1, 3))
         slivers = pack_slivers(np.ascontiguousarray(raw[:, :n]), AVX512_PACK_WIDTH,
                                f.packed_xor)
         job = dict(job, op=EMU_MATMUL_PACKED, ldb=0, b=slivers.tobytes(), b_offset=0)
@@ -337,6 +339,7 @@ def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, fini
     codes present) and the finite-weights ones; the GGUF formats with any codes (Q4_1 and
     Q5_1 with offsets)."""
     rng = np.random.default_rng(30 + FMT[fmt] + 2 * finite)
+    f = nm.get_format(fmt)
     cases = []
     for m in (1, 2, 3, 4, 9, 17):
         for n in (1, 15, 16, 17, 31, 32, 33, 65, 97, 200):
@@ -347,7 +350,21 @@ def test_scaled_matmul_over_tile_edges_equals_the_scalar_row(emulator, fmt, fini
                                   b_offset=int(rng.choice([0, 1, 3])),
                                   packed_layout=bool(rng.integers(2))))
     cases.append(fp8_case(rng, fmt, 5, 1100, 300, accumulate=False, threads=7, finite=finite))
+    if not f.special_bits:
+        cases += two_group_cases(rng, fmt, half=False)
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
+
+
+def two_group_cases(rng, fmt: str, *, half: bool, per_super: int = 0) -> list:
+    """Packed m = 1 jobs over two whole groups and more (2 + a tail, 4 + a tail), on one
+    thread and two, one group a call and two (the row's pair walks, where it has them); on a
+    factored grid of per_super blocks a super-block, k through 1 and 3 super-blocks."""
+    ks = ([4 * nm.get_format(fmt).kpack * per_super * s for s in (1, 3)] if per_super
+          else [64, 130, 300])
+    return [fp8_case(rng, fmt, 1, n, int(rng.choice(ks)), accumulate=bool(acc),
+                     threads=threads, finite=False, packed_layout=True, half=half,
+                     per_super=per_super, streams=streams)
+            for n, threads, acc in ((300, 1, 0), (520, 2, 1)) for streams in (1, 2)]
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "q5_1"])
@@ -361,6 +378,7 @@ def test_binary16_scale_grids_equal_the_scalar_row(emulator, fmt):
                       finite=False, pad=int(rng.choice([0, 5])), packed_layout=packed,
                       half=True)
              for m in (1, 2, 3, 4, 9) for n in (15, 32, 33, 97, 200) for packed in (False, True)]
+    cases += two_group_cases(rng, fmt, half=True)
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 
@@ -381,6 +399,7 @@ def test_factored_scale_grids_equal_the_scalar_row(emulator, fmt):
                                   threads=int(rng.choice([1, 2, 7])), finite=False,
                                   pad=int(rng.choice([0, 5])), packed_layout=bool(rng.integers(2)),
                                   per_super=per_super))
+    cases += two_group_cases(rng, fmt, half=False, per_super=4)
     check_matmul(run(emulator, [c[0] for c in cases]), cases)
 
 

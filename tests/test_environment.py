@@ -86,6 +86,8 @@ BAD_SETTINGS = [(name, value, "must be an integer in 0..1048576")
                 for value in ("x", "-1", "1.5", str((1 << 20) + 1))]
 BAD_SETTINGS += [("NARROWMM_NIBBLE_DECODE", value, "must be one of in-place, permute")
                  for value in ("x", "in_place", "PERMUTE", "1")]
+BAD_SETTINGS += [("NARROWMM_GEMV_STREAMS", value, "must be one of 1, 2")
+                 for value in ("0", "3", "two", "1.0")]
 
 
 @pytest.mark.parametrize("name,value,says", BAD_SETTINGS)
@@ -131,25 +133,39 @@ def test_good_gemv_prefetch_distance_is_applied_and_reported():
             in info.stdout), info.stdout
 
 
-def test_good_nibble_decode_is_applied_and_reported():
-    """NARROWMM_NIBBLE_DECODE forces the avx512 row's 4-bit decode (the other rows have
-    one, and say nothing of it); info says which decode runs and whether it was forced."""
+# the avx512 row's walk settings by variable: the core's name for the setting, its two
+# values, and info's line for a value (the line's start alone on rows without the setting)
+ROW_CHOICES = {
+    "NARROWMM_NIBBLE_DECODE": ("nibble_decode", ("in-place", "permute"), "nibbles:",
+                               "nibbles:   packed 4-bit weights at m = 1 and 2: the {} decode"),
+    "NARROWMM_GEMV_STREAMS": ("gemv_streams", ("1", "2"), "streams:",
+                              "streams:   packed weights with pair walks at m = 1: {}"),
+}
+STREAM_WORDS = {"1": "one group at a time", "2": "two groups at once"}
+
+
+@pytest.mark.parametrize("variable", list(ROW_CHOICES))
+def test_good_row_choice_is_applied_and_reported(variable):
+    """NARROWMM_NIBBLE_DECODE forces the avx512 row's 4-bit decode and NARROWMM_GEMV_STREAMS
+    its groups at once at m = 1 (the other rows have one way, and say nothing of it); info
+    says which runs and whether it was forced."""
+    name, values, start, line = ROW_CHOICES[variable]
+    words = STREAM_WORDS if name == "gemv_streams" else {v: v for v in values}
     probe = ("import narrowmm, narrowmm.providers.native as n;"
-             "print(n.core().get_nibble_decode(), *n.core().nibble_decode())")
-    for value in ("in-place", "permute"):
-        forced = run(["-c", probe], NARROWMM_NIBBLE_DECODE=value, NARROWMM_ISA="scalar")
+             f"print(n.core().get_{name}(), *n.core().{name}())")
+    for value in values:
+        forced = run(["-c", probe], **{variable: value, "NARROWMM_ISA": "scalar"})
         assert forced.stdout.split() == [value, "None", "None"], forced.stdout + forced.stderr
-    info = run(["-m", "narrowmm", "info"], NARROWMM_NIBBLE_DECODE="permute",
-               NARROWMM_ISA="scalar")
-    assert "nibbles:" not in info.stdout and "PROBLEM" not in info.stdout, info.stdout
+    info = run(["-m", "narrowmm", "info"], **{variable: values[1], "NARROWMM_ISA": "scalar"})
+    assert start not in info.stdout and "PROBLEM" not in info.stdout, info.stdout
     if "avx512" not in supported_isas():
         return
     default = run(["-c", probe], NARROWMM_ISA="avx512").stdout.split()
     assert default[0] == "None" and default[1] == default[2] != "None", default
-    other = "in-place" if default[1] == "permute" else "permute"
-    forced = run(["-c", probe], NARROWMM_NIBBLE_DECODE=other, NARROWMM_ISA="avx512")
+    other = values[0] if default[1] == values[1] else values[1]
+    forced = run(["-c", probe], **{variable: other, "NARROWMM_ISA": "avx512"})
     assert forced.stdout.split() == [other, other, default[1]], forced.stdout + forced.stderr
-    info = run(["-m", "narrowmm", "info"], NARROWMM_NIBBLE_DECODE=other, NARROWMM_ISA="avx512")
-    assert (f"nibbles:   packed 4-bit weights at m = 1 and 2: the {other} decode (forced by "
-            f"NARROWMM_NIBBLE_DECODE; default {default[1]})" in info.stdout), info.stdout
+    info = run(["-m", "narrowmm", "info"], **{variable: other, "NARROWMM_ISA": "avx512"})
+    assert (line.format(words[other]) + f" (forced by {variable}; default {default[1]})"
+            in info.stdout), info.stdout
     assert "PROBLEM" not in info.stdout

@@ -101,7 +101,7 @@ def _packed_walk_cases(rng):
                 for f in ("q8_0", "q4_0", "q4_1", "q5_1")]
     cases = [(x[:, :w.shape[0]], w, w) for w in weights]
     for t in ("Q4_K", "Q6_K"):
-        tw = k_type_weights(t, 1280, 150, seed=7)
+        tw = k_type_weights(t, 1280, 300, seed=7)
         cases.append((x, tw.transpose(), tw))
     return cases
 
@@ -111,6 +111,7 @@ def _packed_walk_cases(rng):
 WALK_SETTINGS = {
     "gemv prefetch": ("packed_gemv_ahead", (0, 64, 2048, 1 << 20), ("avx2", "avx512")),
     "nibble decode": ("nibble_decode", ("in-place", "permute"), ("avx512",)),
+    "gemv streams": ("gemv_streams", (1, 2), ("avx512",)),
 }
 
 
@@ -119,9 +120,10 @@ def test_the_packed_walks_settings_change_no_bit(setting):
     """The packed m <= 2 walks' settings change the time, never a bit, on every row and on
     1 and 3 threads, against the scalar row's bits: how far they prefetch
     (NARROWMM_GEMV_PREFETCH_BYTES: none, a line, 2048 bytes and 1 MiB, far past every buffer:
-    a hint never faults) and how they decode 4-bit codes (NARROWMM_NIBBLE_DECODE: in place
+    a hint never faults), how they decode 4-bit codes (NARROWMM_NIBBLE_DECODE: in place
     and the permute on byte views; Q4_0, Q4_1 and the K types' factored grids among the
-    cases)."""
+    cases) and how many groups the m = 1 walks take at once (NARROWMM_GEMV_STREAMS: one, or
+    two through the pair walks; 300 columns, two groups and a tail, the K types' too)."""
     name, values, rows = WALK_SETTINGS[setting]
     c = core()
     set_value, forced, in_force = (getattr(c, f"set_{name}"), getattr(c, f"get_{name}"),
@@ -162,11 +164,14 @@ def _walk_setting_default(setting: str, isa: str, vendor: str):
     """A row's default for a packed walks' setting, as measured (docs/kernels.md): the
     prefetch 2048 bytes on the avx512 row of Intel CPUs and none on AMD ones (a Zen 4 lost
     with it), 2048 on the avx2 row everywhere; the 4-bit decode the permute on the avx512
-    row of Intel CPUs and in place elsewhere (a Zen 4 ran in place faster); None on the rows
-    without the setting."""
+    row of Intel CPUs and in place elsewhere (a Zen 4 ran in place faster); two groups at
+    once at m = 1 on the avx512 row of Intel CPUs (a Xeon read two streams faster), one
+    elsewhere; None on the rows without the setting."""
     intel = vendor == "GenuineIntel"
     if setting == "gemv prefetch":
         return {"avx512": 2048 if intel else 0, "avx2": 2048}.get(isa)
+    if setting == "gemv streams":
+        return (2 if intel else 1) if isa == "avx512" else None
     return ("permute" if intel else "in-place") if isa == "avx512" else None
 
 
@@ -176,6 +181,8 @@ WALK_SETTING_CHECKS = {
                             ("1", TypeError, None)]),
     "nibble decode": ("in-place", [(bad, ValueError, "must be 'in-place', 'permute' or None")
                                    for bad in ("shift", "", 1, b"permute")]),
+    "gemv streams": (1, [(bad, ValueError, "must be 1, 2 or None")
+                         for bad in (0, 3, -1, "2", True, 2.0, 1 << 70)]),
 }
 
 

@@ -638,6 +638,44 @@ static void factored_chunks(const matmul_job *job, int64_t i0, int64_t i1, int64
     }
 }
 
+/* Row i0 of C's columns [jc, jc + 2 * group) on packed weights: two whole groups, all of
+ * k, through the row's pair walk (matmul_block has checked that it has one for the grid:
+ * float32, binary16 or factored) */
+static void pair_of_groups(const matmul_job *job, int64_t i0, int64_t jc, int64_t group,
+                           float *scale_buf) {
+    const nm_isa_kernels *isa = job->isa;
+    const nm_scales *sc = job->scales;
+    int64_t ldb;
+    const uint8_t *b0 = weights_at(job, 0, jc, &ldb);
+    const uint8_t *b1 = weights_at(job, 0, jc + group, &ldb);
+    const float *a = job->a + i0 * job->lda;
+    float *c = job->c + i0 * job->ldc + jc;
+    if (nm_factored(sc)) {
+        const int64_t g0 = nm_grid_offset(sc, 0, jc), g1 = nm_grid_offset(sc, 0, jc + group);
+        const int64_t f0 = nm_factor_offset(sc, 0, jc);
+        const int64_t f1 = nm_factor_offset(sc, 0, jc + group);
+        isa->gemv_packed_factored_pair[job->fmt](
+            job->k, ldb, a, b0, b1, c, c + group, sc->c8 + g0, sc->c8 + g1,
+            sc->oc8 ? sc->oc8 + g0 : NULL, sc->oc8 ? sc->oc8 + g1 : NULL, sc->fs + f0,
+            sc->fs + f1, sc->ofs ? sc->ofs + f0 : NULL, sc->ofs ? sc->ofs + f1 : NULL, sc->bk,
+            sc->ld, sc->per_super);
+        return;
+    }
+    if (sc->s16) {
+        isa->gemv_packed_pair_half[job->fmt](
+            job->k, ldb, a, b0, b1, c, c + group, grid_at(job, 0, 0, jc),
+            grid_at(job, 0, 0, jc + group), grid_at(job, 1, 0, jc),
+            grid_at(job, 1, 0, jc + group), sc->bk, sc->ld);
+        return;
+    }
+    const float *s0, *o0, *s1, *o1; /* a float32 grid's own: never widened into scale_buf */
+    int64_t lds;
+    float_scales(job, 0, job->k, jc, group, scale_buf, &s0, &o0, &lds);
+    float_scales(job, 0, job->k, jc + group, group, scale_buf, &s1, &o1, &lds);
+    isa->gemv_packed_pair[job->fmt](job->k, ldb, a, b0, b1, c, c + group, s0, s1, o0, o1,
+                                    sc->bk, lds);
+}
+
 /* The block of C of rows [i0, i1) and columns [j0, j1) (j0 a multiple of job_grain),
  * on the calling thread. */
 static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
@@ -708,9 +746,23 @@ static void matmul_block(matmul_job *job, int64_t i0, int64_t i1, int64_t j0, in
                        (size_t)job->k * sizeof(float));
             memset(a_pad + 3 * job->k, 0, (size_t)job->k * sizeof(float));
         }
+        /* one row on two whole groups at a time, where the row has pair walks for the
+         * format and its grid and takes two streams on this CPU (nm_gemv_packed_pair_fn; a
+         * factored grid's where the row walks it itself, walks_factored_grid) */
+        const int pairs =
+            rows == 1 && cut && sc && chunk >= group && nm_gemv_streams(isa->gemv_streams) == 2 &&
+            (k_chunk ? nm_factored(sc) && walks_factored_grid(job, 1) &&
+                           isa->gemv_packed_factored_pair[job->fmt] != NULL
+             : sc->s16 ? isa->gemv_packed_pair_half[job->fmt] != NULL
+                       : isa->gemv_packed_pair[job->fmt] != NULL);
         for (int64_t jc = j0, w; jc < j1; jc += w) {
             const int64_t to_group_end = cut ? group - jc % group : j1 - jc;
             w = min64(min64(chunk, j1 - jc), to_group_end);
+            if (pairs && w == group && j1 - jc >= 2 * group) {
+                pair_of_groups(job, i0, jc, group, scale_buf);
+                w = 2 * group;
+                continue;
+            }
             if (k_chunk) { /* a factored grid on packed weights */
                 factored_chunks(job, i0, i1, jc, w, k_chunk, slb, scale_buf, a_pad);
                 continue;
@@ -822,6 +874,18 @@ void nm_set_nibble_decode(int decode) {
 
 int nm_get_nibble_decode(void) {
     return atomic_load_explicit(&nm_nibble_decode_forced, memory_order_relaxed);
+}
+
+/* -1: each row's own (nm_isa_kernels.gemv_streams); matmul_block reads it once a call */
+_Atomic int nm_gemv_streams_forced = -1;
+
+void nm_set_gemv_streams(int streams) {
+    atomic_store_explicit(&nm_gemv_streams_forced, streams == 1 || streams == 2 ? streams : -1,
+                          memory_order_relaxed);
+}
+
+int nm_get_gemv_streams(void) {
+    return atomic_load_explicit(&nm_gemv_streams_forced, memory_order_relaxed);
 }
 
 /* -1 until the first read or a reset: the default, from the L2 the OS reports */

@@ -271,6 +271,14 @@ int64_t nm_get_packed_gemv_ahead(void);
 void nm_set_nibble_decode(int decode);
 int nm_get_nibble_decode(void);
 
+/* How many groups of packed weights the m == 1 walks of the rows that have pair walks
+ * (avx512: Q8_0, Q4_0, Q5_1) take at once: 1, a group a call, or 2, two groups' streams
+ * read side by side. Each row has its default for this CPU (nm_isa_kernels.gemv_streams); a
+ * value other than 1 or 2 restores it, nm_get_gemv_streams returns the forced one or -1.
+ * Either gives the same bits, only the time differs. */
+void nm_set_gemv_streams(int streams);
+int nm_get_gemv_streams(void);
+
 /* Limit probes (frame/probes.c): run the row's probe kernel on `threads` threads and
  * return the wall time in seconds; nm_probe_fma also stores the flops performed. The read
  * probe sums n floats of buf (n a multiple of 64 * threads, buf 64-byte aligned). */

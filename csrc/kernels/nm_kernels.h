@@ -234,6 +234,33 @@ typedef void (*nm_widen_factored_fn)(const int8_t *c, int64_t ldc, const float *
  * frame asks nm_pack_width (narrowmm.h), a row's kernels NM_PACKED_LDB (kernel_common.h). */
 #define NM_PACK_WIDTH_OF(itemsize, nr, group) ((itemsize) == 1 ? (group) : (nr))
 
+/* m == 1 on two whole groups of packed weights at once, where a row has it (NULL: the frame
+ * walks one group a call): the gemv_packed (gemv_packed_half) chains of group 0 (codes at b0,
+ * C at c0, scales and offsets at s0, o0) and of group 1 (b1, c1, s1, o1), each pack_width
+ * columns wide, all of k, their stored rows read in turn. One core's memory reads a long
+ * stream of weights more slowly than two side by side, when the decode leaves it no slack
+ * (docs/kernels.md, "The block formats' speed"); each column's chain is the one gemv_packed
+ * makes, so the bits do not change. k, ldb, bk, lds as for nm_gemv_packed_fn. */
+typedef void (*nm_gemv_packed_pair_fn)(int64_t k, int64_t ldb, const float *a,
+                                       const uint8_t *b0, const uint8_t *b1, float *c0,
+                                       float *c1, const float *s0, const float *s1,
+                                       const float *o0, const float *o1, int64_t bk,
+                                       int64_t lds);
+typedef void (*nm_gemv_packed_pair_half_fn)(int64_t k, int64_t ldb, const float *a,
+                                            const uint8_t *b0, const uint8_t *b1, float *c0,
+                                            float *c1, const uint16_t *s0, const uint16_t *s1,
+                                            const uint16_t *o0, const uint16_t *o1, int64_t bk,
+                                            int64_t lds);
+
+/* The same on factored grids (the K types' forms): each group's block codes and
+ * super-block factors as nm_gemv_packed_factored_fn takes them (cs0, co0, fs0, fo0 for
+ * group 0; cs1, ... for group 1; co and fo NULL without offsets) */
+typedef void (*nm_gemv_packed_factored_pair_fn)(
+    int64_t k, int64_t ldb, const float *a, const uint8_t *b0, const uint8_t *b1, float *c0,
+    float *c1, const int8_t *cs0, const int8_t *cs1, const int8_t *co0, const int8_t *co1,
+    const float *fs0, const float *fs1, const float *fo0, const float *fo1, int64_t bk,
+    int64_t ld, int64_t per_super);
+
 typedef struct nm_isa_kernels {
     const char *isa;      /* "scalar", "avx2", ... */
     int mr, nr;           /* microkernel tile */
@@ -252,6 +279,10 @@ typedef struct nm_isa_kernels {
      * (NM_NIBBLE_DECODE_*, narrowmm.h), unless nm_set_nibble_decode forces the other; -1: the
      * row has one decode */
     int nibble_decode;
+    /* How many groups of packed weights its m == 1 walks take at once by default on this CPU
+     * (1, or 2 through gemv_packed_pair), unless nm_set_gemv_streams forces the other; -1:
+     * the row has no pair walks */
+    int gemv_streams;
     nm_gemv_fn gemv[NM_MATMUL_SLOTS];
     const char *gemv_name[NM_MATMUL_SLOTS];
     nm_gemv2_fn gemv2[NM_MATMUL_SLOTS];
@@ -269,6 +300,14 @@ typedef struct nm_isa_kernels {
     const char *gemv_packed_half_name[NM_FMT_COUNT];
     nm_gemv2_packed_half_fn gemv2_packed_half[NM_FMT_COUNT];
     const char *gemv2_packed_half_name[NM_FMT_COUNT];
+    /* optional (NULL: none): Q8_0, Q4_0 and Q5_1 on the avx512 row (gemv_streams); on
+     * factored grids, Q8_0's form there (Q6_K, Q3_K, IQ4_XS) */
+    nm_gemv_packed_pair_fn gemv_packed_pair[NM_FMT_COUNT];
+    const char *gemv_packed_pair_name[NM_FMT_COUNT];
+    nm_gemv_packed_pair_half_fn gemv_packed_pair_half[NM_FMT_COUNT];
+    const char *gemv_packed_pair_half_name[NM_FMT_COUNT];
+    nm_gemv_packed_factored_pair_fn gemv_packed_factored_pair[NM_FMT_COUNT];
+    const char *gemv_packed_factored_pair_name[NM_FMT_COUNT];
     /* optional (NULL: none): Q8_0, Q4_0, Q4_1 and Q5_1 on the avx2 row */
     nm_gemv4_packed_half_fn gemv4_packed_half[NM_FMT_COUNT];
     const char *gemv4_packed_half_name[NM_FMT_COUNT];
@@ -322,6 +361,15 @@ extern _Atomic int nm_nibble_decode_forced;
 static inline int nm_nibble_decode(int row_default) {
     const int forced = atomic_load_explicit(&nm_nibble_decode_forced, memory_order_relaxed);
     return forced >= 0 ? forced : row_default;
+}
+
+/* The groups nm_set_gemv_streams (narrowmm.h) forces the m == 1 walks of the rows with pair
+ * walks to take at once (1 or 2), -1 for each row's own (nm_isa_kernels.gemv_streams);
+ * defined by the frame, read once a call */
+extern _Atomic int nm_gemv_streams_forced;
+static inline int nm_gemv_streams(int row_default) {
+    const int forced = atomic_load_explicit(&nm_gemv_streams_forced, memory_order_relaxed);
+    return forced > 0 ? forced : row_default;
 }
 
 /* Set a slot of a row and the C name it is reported by: NM_SET_SLOT(row, gemv, fmt, fn). */

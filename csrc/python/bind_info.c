@@ -149,6 +149,16 @@ PyObject *py_kernel_names(PyObject *self, PyObject *args) {
                                  r->gemv2_packed_factored_name[fmt]);
         return Py_BuildValue("[s]", r->gemv_packed_factored_name[fmt]);
     }
+    /* the m == 1 walks over two groups at once, on float32 and on binary16 grids */
+    if (strcmp(op, "matmul_packed_pair") == 0) {
+        if (!r->gemv_packed_pair[fmt] || !r->gemv_packed_pair_half[fmt]) return PyList_New(0);
+        return Py_BuildValue("[ss]", r->gemv_packed_pair_name[fmt],
+                             r->gemv_packed_pair_half_name[fmt]);
+    }
+    if (strcmp(op, "matmul_packed_factored_pair") == 0) {
+        if (!r->gemv_packed_factored_pair[fmt]) return PyList_New(0);
+        return Py_BuildValue("[s]", r->gemv_packed_factored_pair_name[fmt]);
+    }
     /* the m == 4 packed walk on float32 scales (the frame's, for factored grids) */
     if (strcmp(op, "matmul_packed_quad") == 0) {
         if (!r->gemv4_packed[fmt]) return PyList_New(0);
@@ -380,6 +390,42 @@ PyObject *py_nibble_decode(PyObject *self, PyObject *noargs) {
         return NULL;
     }
     return Py_BuildValue("(NN)", now, dflt);
+}
+
+/* set_gemv_streams(1 or 2 or None): the groups the m == 1 walks take at once, forced on the
+ * rows with pair walks; None restores each row's default */
+PyObject *py_set_gemv_streams(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (arg == Py_None) {
+        nm_set_gemv_streams(-1);
+        Py_RETURN_NONE;
+    }
+    const long streams = PyLong_Check(arg) && !PyBool_Check(arg) ? PyLong_AsLong(arg) : 0;
+    if (streams == 1 || streams == 2) {
+        nm_set_gemv_streams((int)streams);
+        Py_RETURN_NONE;
+    }
+    if (PyErr_Occurred()) PyErr_Clear(); /* too large a number: the same message */
+    return PyErr_Format(PyExc_ValueError, "gemv_streams must be 1, 2 or None, not %R", arg);
+}
+
+/* get_gemv_streams(): the forced count, or None */
+PyObject *py_get_gemv_streams(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    const int streams = nm_get_gemv_streams();
+    if (streams < 0) Py_RETURN_NONE;
+    return PyLong_FromLong(streams);
+}
+
+/* gemv_streams(): (the count the row in use takes now, its default on this CPU); (None,
+ * None) for a row without pair walks */
+PyObject *py_gemv_streams(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    const int own = current_row->gemv_streams;
+    if (own < 0) return Py_BuildValue("(OO)", Py_None, Py_None);
+    return Py_BuildValue("(ii)", nm_gemv_streams(own), own);
 }
 
 PyObject *py_l2_cache_bytes(PyObject *self, PyObject *noargs) {

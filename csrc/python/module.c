@@ -88,6 +88,14 @@ static PyMethodDef methods[] = {
     {"nibble_decode", py_nibble_decode, METH_NOARGS,
      "(decode in force, the row's default on this CPU) for the row in use; (None, None) for "
      "a row with one decode."},
+    {"set_gemv_streams", py_set_gemv_streams, METH_O,
+     "How many groups of packed weights the m == 1 walks take at once on the rows with pair "
+     "walks: 1 or 2 (None: each row's default)."},
+    {"get_gemv_streams", py_get_gemv_streams, METH_NOARGS,
+     "The count set_gemv_streams forces, or None."},
+    {"gemv_streams", py_gemv_streams, METH_NOARGS,
+     "(groups at once in force, the row's default on this CPU) for the row in use; (None, "
+     "None) for a row without pair walks."},
     {"l2_cache_bytes", py_l2_cache_bytes, METH_NOARGS,
      "One core's L2 as the OS reports it (0: unknown)."},
     {"parallel_jobs", py_parallel_jobs, METH_NOARGS, "Jobs split across threads so far."},

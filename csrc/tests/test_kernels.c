@@ -725,6 +725,19 @@ static void test_nibble_decodes(const nm_isa_kernels *row, const nm_isa_kernels 
     expect(nm_get_nibble_decode() == -1, "%s: the forced decode not restored", row->isa);
 }
 
+/* A row with pair walks (nm_isa_kernels.gemv_streams): the shapes of the formats that have
+ * them again with the count it does not take by default forced (two groups at a time, or
+ * one): the same bits, read within the weights under the sanitizers */
+static void test_gemv_streams(const nm_isa_kernels *row, const nm_isa_kernels *ref) {
+    if (row->gemv_streams < 0) return;
+    nm_set_gemv_streams(row->gemv_streams == 2 ? 1 : 2);
+    for (int fmt = 0; fmt < NM_FMT_COUNT; ++fmt)
+        if (row->gemv_packed_pair[fmt] || row->gemv_packed_factored_pair[fmt])
+            test_shapes_of(row, ref, fmt);
+    nm_set_gemv_streams(-1);
+    expect(nm_get_gemv_streams() == -1, "%s: the forced stream count not restored", row->isa);
+}
+
 /* The row's softmax exps (nm_isa_kernels.expf) against nm_expf one element at a time:
  * softmax's range and past the clamps, specials in every lane of a vector, lengths that end
  * in each part of the loop, out of place and in place. */
@@ -1041,6 +1054,7 @@ int main(void) {
 #endif
         test_shapes(&row, &ref);
         test_nibble_decodes(&row, &ref);
+        test_gemv_streams(&row, &ref);
         test_softmax_exp(&row);
         test_model_ops(&row, &ref);
         test_decoder_step(&row, &ref);

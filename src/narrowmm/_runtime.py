@@ -46,6 +46,7 @@ def runtime_info() -> dict[str, Any]:
     native = get_provider("native")
     prefetch = c.packed_gemv_ahead() if c else (None, None)
     nibbles = c.nibble_decode() if c else (None, None)
+    streams = c.gemv_streams() if c else (None, None)
     kernels = []
     for op, fmt in operations():
         try:
@@ -77,6 +78,14 @@ def runtime_info() -> dict[str, Any]:
                                               if op == "matmul" else [], names, strict=False)]
             if factored:
                 entry["factored_scale_kernel"] = "; ".join(factored)
+            # m = 1 over two groups at once (gemv_streams): float32, binary16, factored grids
+            pair = [f"{walk}{grid}" for what, grids in (
+                        ("matmul_packed_pair", ("", " (binary16 scales)")),
+                        ("matmul_packed_factored_pair", (" (factored scales)",)))
+                    for walk, grid in zip(native.kernel_names(what, fmt)
+                                          if op == "matmul" else [], grids, strict=False)]
+            if pair:
+                entry["pair_kernel"] = "; ".join(pair)
         kernels.append({**entry, "kernel": name})
     return {
         "version": __version__,
@@ -112,6 +121,12 @@ def runtime_info() -> dict[str, Any]:
         "nibble_decode": nibbles[0],
         "nibble_decode_default": nibbles[1],
         "nibble_decode_forced": c.get_nibble_decode() is not None if c else False,
+        # how many groups of packed weights the m = 1 walks of the row in use take at once
+        # (1 or 2; None: a row without pair walks), its default on this CPU, and whether
+        # NARROWMM_GEMV_STREAMS forced it
+        "gemv_streams": streams[0],
+        "gemv_streams_default": streams[1],
+        "gemv_streams_forced": c.get_gemv_streams() is not None if c else False,
         "spin_ns": c.get_spin_ns() if c else None,
         "omp_team": bool(c.omp_team()) if c else False,
         # the packed width of a 16-bit format, then of a byte one (Weights.pack)
@@ -198,6 +213,12 @@ def show_runtime(as_json: bool = False) -> None:
                   else "this row's default on this CPU")
         print(f"nibbles:   packed 4-bit weights at m = 1 and 2: the {info['nibble_decode']} "
               f"decode ({source})")
+    if info["gemv_streams"] is not None:
+        source = ("forced by NARROWMM_GEMV_STREAMS; default "
+                  f"{info['gemv_streams_default']}" if info["gemv_streams_forced"]
+                  else "this row's default on this CPU")
+        groups = "two groups at once" if info["gemv_streams"] == 2 else "one group at a time"
+        print(f"streams:   packed weights with pair walks at m = 1: {groups} ({source})")
     if info["pack_width"]:
         wide, byte = info["pack_width"]
         print(f"packing:   Weights.pack() makes {wide}-column slivers for this row "
@@ -226,6 +247,9 @@ def show_runtime(as_json: bool = False) -> None:
             if "factored_scale_kernel" in k:
                 print(f"  {'':<6} {'':<6} {'':<9} packed, factored scales: "
                       f"{k['factored_scale_kernel']}")
+            if "pair_kernel" in k:
+                print(f"  {'':<6} {'':<6} {'':<9} packed, two groups at m=1: "
+                      f"{k['pair_kernel']}")
     ops = ", ".join(f"{op} {name}" for op, name in info["model_ops"].items())
     print(f"model ops: {ops or 'unavailable (no C core)'}")
     if info["factored_scales"]:

@@ -77,6 +77,7 @@ typedef struct emu_job {
     int64_t s_lsl;     /* nm_scales.lsl: 0, or s is group-major (packed weights, nm_pack_width) */
     int64_t s_per_super; /* > 0: s is a factored grid (nm_scales.c8), super-blocks this long */
     int64_t nibble_decode; /* nm_set_nibble_decode's value for the job (-1: the row's own) */
+    int64_t gemv_streams;  /* nm_set_gemv_streams's value for the job (-1: the row's own) */
     int64_t status;    /* written back: nm_matmul's status, or 1 once a codec ran */
 } emu_job;
 
@@ -86,6 +87,7 @@ void nm_emu_main(emu_job *job) {
     heap_used = 0;
     emulated_threads = (int)job->threads;
     nm_set_nibble_decode((int)job->nibble_decode);
+    nm_set_gemv_streams((int)job->gemv_streams);
     /* a format with offsets (Q4_1) has them below its scales, as the binding takes them */
     const int64_t blocks = job->s_bk > 0 && job->k > 0 ? (job->k + job->s_bk - 1) / job->s_bk : 1;
     const int with_offsets = job->fmt >= 0 && job->fmt < NM_FMT_COUNT &&

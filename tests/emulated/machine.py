@@ -124,7 +124,7 @@ class Machine:
                                f"at {rip:#x}, not at its return")
 
 
-JOB = struct.Struct("<10q4Q8q")  # emu_job in avx512_harness.c
+JOB = struct.Struct("<10q4Q9q")  # emu_job in avx512_harness.c
 
 
 def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
@@ -133,7 +133,8 @@ def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
     s (the kernels' scales, bytes), s_ld, s_bk, s_finite, s_half (s is a float16 grid),
     s_lsl (nm_scales.lsl: 0, or s is a packed layout's group-major grid) and s_per_super
     (> 0: s is a factored grid, nm_scales.c8, of super-blocks this many blocks long); and
-    nibble_decode (nm_set_nibble_decode's value for the job; -1, the row's own, by default).
+    nibble_decode and gemv_streams (nm_set_nibble_decode's and nm_set_gemv_streams's values
+    for the job; -1, the row's own, by default).
     Returns each job's c window
     (c_size bytes) after the call."""
     data_bytes = max(JOB.size + len(j["a"]) + len(j["b"]) + j["c_size"] + len(j.get("s", b""))
@@ -155,7 +156,8 @@ def run_jobs(elf: bytes, entry: int, jobs: list[dict]) -> list[bytes]:
         fields = [j[f] for f in ("op", "fmt", "m", "n", "k", "lda", "ldb", "ldc",
                                  "accumulate", "threads")]
         settings = [j.get(f, 0) for f in ("s_ld", "s_bk", "s_finite", "s_half", "s_lsl",
-                                          "s_per_super")] + [j.get("nibble_decode", -1)]
+                                          "s_per_super")] + [j.get("nibble_decode", -1),
+                                                            j.get("gemv_streams", -1)]
         machine.write(DATA, JOB.pack(*fields, a_at, b_at, c_at, s_at, *settings, -999))
         machine.call(entry, DATA)
         status = JOB.unpack(machine.read(DATA, JOB.size))[-1]

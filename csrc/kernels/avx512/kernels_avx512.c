@@ -736,6 +736,184 @@ static inline void stage_strided_factored256(float *dst, const int8_t *cp, const
         NIBBLE_STRIDED_C_OUT_(RR, acc_, c, ldc);                                             \
     }
 
+/* ---- m == 1 on two groups at once (gemv_packed_pair): two streams of weights --------- */
+
+/* On an Intel Xeon one core read one stream of packed weights at 10-11 GB/s while the walk's
+ * decode kept its FMA pipes busy, where a plain read runs at 14: two streams side by side
+ * keep more lines coming (the hardware's prefetch follows a page at a time). From memory the
+ * pair walks ran Q8_0 1.22-1.25x, Q6_K 1.10-1.19x, Q5_1 1.05-1.12x and Q4_0 1.11x (median);
+ * from L2 Q4_0 0.93x and Q5_1 0.87x (docs/results/gemv-streams-xeon-2026-12-07.txt). They
+ * step through two groups' stored rows in turn, each group's eight accumulators in
+ * registers (four groups would need all 32), each column's chain the one-group walk's: the
+ * same bits. */
+
+/* a group's block of scales (and offsets) at s_ (o_), grid type ST, staged strided */
+#define STAGE_GROUP_GRID_(ST, sc_, of_, s_, o_, OFFSETS)                                     \
+    do {                                                                                     \
+        const ST *s = (s_), *o = (o_);                                                       \
+        (void)o;                                                                             \
+        STAGE_STRIDED128(sc_, GRID16_S_);                                                    \
+        if (OFFSETS) STAGE_STRIDED128(of_, GRID16_O_);                                       \
+    } while (0)
+/* the pair's blocks of scales step together (never past the last block) */
+#define PAIR_NEXT_BLOCK_(more)                                                               \
+    if (more) {                                                                              \
+        s0 += lds, s1 += lds;                                                                \
+        if (o0) o0 += lds, o1 += lds;                                                        \
+    }
+/* the pair's accumulators, from C and back */
+#define PAIR_C_IN_                                                                           \
+    __m512 acc0_[8], acc1_[8];                                                               \
+    NIBBLE_STRIDED_C_IN_(1, acc0_, c0, 0);                                                   \
+    NIBBLE_STRIDED_C_IN_(1, acc1_, c1, 0)
+#define PAIR_C_OUT_                                                                          \
+    NIBBLE_STRIDED_C_OUT_(1, acc0_, c0, 0);                                                  \
+    NIBBLE_STRIDED_C_OUT_(1, acc1_, c1, 0)
+/* both groups' blocks of scales (and offsets) staged */
+#define STAGE_PAIR_GRIDS_(ST, OFFSETS)                                                       \
+    _Alignas(64) float sc0_[128], sc1_[128], of0_[128], of1_[128];                           \
+    STAGE_GROUP_GRID_(ST, sc0_, of0_, s0, o0, OFFSETS);                                      \
+    STAGE_GROUP_GRID_(ST, sc1_, of1_, s1, o1, OFFSETS)
+#define PAIR_SIGNATURE_(NAME, ST)                                                            \
+    static void NAME(int64_t k, int64_t ldb, const float *a, const uint8_t *b0,              \
+                     const uint8_t *b1, float *c0, float *c1, const ST *s0, const ST *s1,    \
+                     const ST *o0, const ST *o1, int64_t bk, int64_t lds)
+
+/* Stored rows [r0_, end_) of both groups (rows_ in all) through the permute, on byte views
+ * (VIEWS_, a constant: the last stored row read in its own form) or shifting each half's
+ * one load, as NIBBLE_STRIDED_ROWS_ walks one group */
+#define NIBBLE_PAIR_ROWS_(NIBBLES, VIEWS_, r0_, end_, rows_)                                 \
+    do {                                                                                     \
+        const int64_t before_last_ = (VIEWS_) && (end_) == (rows_) ? (rows_) - 1 : (end_);   \
+        for (int64_t r = (r0_); r < before_last_; ++r) {                                     \
+            NM_PACKED_GEMV_PREFETCH(b0 + r * ldb, ldb);                                      \
+            NM_PACKED_GEMV_PREFETCH(b1 + r * ldb, ldb);                                      \
+            NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, VIEWS_, 0, 1, acc0_, a,  \
+                                0, r, b0 + r * ldb, sc0_, of0_);                             \
+            NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, VIEWS_, 0, 1, acc1_, a,  \
+                                0, r, b1 + r * ldb, sc1_, of1_);                             \
+        }                                                                                    \
+        if (before_last_ < (end_)) {                                                         \
+            const int64_t r = before_last_;                                                  \
+            NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, VIEWS_, 1, 1, acc0_, a,  \
+                                0, r, b0 + r * ldb, sc0_, of0_);                             \
+            NIBBLE_STRIDED_ROW_(NIBBLES##_STRIDED, STRIDED_SCALES_, VIEWS_, 1, 1, acc1_, a,  \
+                                0, r, b1 + r * ldb, sc1_, of1_);                             \
+        }                                                                                    \
+    } while (0)
+/* A 4-bit format's pair walk on grid type ST: the decode the walk's NIBBLE_VIEWS_ says
+ * (the in-place one is not taken: Q4_0 has none) */
+#define NIBBLE_STRIDED_PAIR(NAME, ST, NIBBLES)                                               \
+    _Static_assert(!NIBBLES##_IN_PLACE, "the pair walks permute every code");                \
+    PAIR_SIGNATURE_(NAME, ST) {                                                              \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
+        const int views_ = NIBBLE_VIEWS_;                                                    \
+        const int64_t block_ = (bk < k ? bk : k) / 2, rows_ = k / 2;                         \
+        PAIR_C_IN_;                                                                          \
+        for (int64_t r0_ = 0; r0_ < rows_; r0_ += block_) {                                  \
+            STAGE_PAIR_GRIDS_(ST, NIBBLES##_OFFSETS);                                        \
+            const int64_t end_ = NM_BLOCK_END_(r0_, block_, rows_);                          \
+            if (views_)                                                                      \
+                NIBBLE_PAIR_ROWS_(NIBBLES, 1, r0_, end_, rows_);                             \
+            else                                                                             \
+                NIBBLE_PAIR_ROWS_(NIBBLES, 0, r0_, end_, rows_);                             \
+            PAIR_NEXT_BLOCK_(r0_ + block_ < rows_);                                          \
+        }                                                                                    \
+        PAIR_C_OUT_;                                                                         \
+    }
+
+/* A byte format's pair walk on grid type ST through BYTE_DEQ_##SCV, the call's first row
+ * of each group in its own form, as BYTE_STRIDED_ROWS_ walks one group */
+#define BYTE_STRIDED_PAIR(NAME, ST, SCV)                                                     \
+    PAIR_SIGNATURE_(NAME, ST) {                                                              \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
+        const int64_t block_ = bk < k ? bk : k;                                              \
+        PAIR_C_IN_;                                                                          \
+        for (int64_t p0_ = 0; p0_ < k; p0_ += block_) {                                      \
+            STAGE_PAIR_GRIDS_(ST, BYTE_OFFSETS_##SCV);                                       \
+            int64_t p = p0_;                                                                 \
+            if (p == 0) {                                                                    \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_##SCV, 1, acc0_, a, 0, 0, b0, sc0_, of0_, 1);     \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_##SCV, 1, acc1_, a, 0, 0, b1, sc1_, of1_, 1);     \
+                p = 1;                                                                       \
+            }                                                                                \
+            for (; p < NM_BLOCK_END_(p0_, block_, k); ++p) {                                 \
+                NM_PACKED_GEMV_PREFETCH(b0 + p * ldb, ldb);                                  \
+                NM_PACKED_GEMV_PREFETCH(b1 + p * ldb, ldb);                                  \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_##SCV, 1, acc0_, a, 0, p, b0 + p * ldb, sc0_,     \
+                                  of0_, 0);                                                  \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_##SCV, 1, acc1_, a, 0, p, b1 + p * ldb, sc1_,     \
+                                  of1_, 0);                                                  \
+            }                                                                                \
+            PAIR_NEXT_BLOCK_(p0_ + block_ < k);                                              \
+        }                                                                                    \
+        PAIR_C_OUT_;                                                                         \
+    }
+
+/* The same on the K types' factored grids of the q8_0 form (Q6_K, Q3_K, IQ4_XS; no
+ * offsets: co and fo are not read): each group's block codes cs and super-block factors fs
+ * as BYTE_STRIDED_FACTORED_GROUP reads them, the factors staged strided once per
+ * super-block. The q4_1 form's pair (Q4_K) ran no faster from memory than one group and
+ * 0.75-0.95x from L2 (docs/results/gemv-streams-xeon-2026-12-07.txt): none. */
+#define FACTORED_PAIR_SIGNATURE_(NAME)                                                       \
+    static void NAME(int64_t k, int64_t ldb, const float *a, const uint8_t *b0,              \
+                     const uint8_t *b1, float *c0, float *c1, const int8_t *cs0,             \
+                     const int8_t *cs1, const int8_t *co0, const int8_t *co1,                \
+                     const float *fs0, const float *fs1, const float *fo0, const float *fo1, \
+                     int64_t bk, int64_t ld, int64_t per_super)
+/* both groups' super-block factors, strided */
+#define STAGE_PAIR_FACTORS_                                                                  \
+    do {                                                                                     \
+        const float *fs = fs0;                                                               \
+        STAGE_STRIDED128(fs0_, FACTORS16_S_);                                                \
+        fs = fs1;                                                                            \
+        STAGE_STRIDED128(fs1_, FACTORS16_S_);                                                \
+    } while (0)
+#define BYTE_STRIDED_FACTORED_PAIR(NAME)                                                     \
+    FACTORED_PAIR_SIGNATURE_(NAME) {                                                         \
+        (void)co0, (void)co1, (void)fo0, (void)fo1;                                          \
+        NM_PACKED_GEMV_AHEAD_;                                                               \
+        const int64_t block_ = bk < k ? bk : k;                                              \
+        PAIR_C_IN_;                                                                          \
+        _Alignas(64) float fs0_[128], fs1_[128];                                             \
+        STAGE_PAIR_FACTORS_;                                                                 \
+        for (int64_t p0_ = 0, left_ = per_super; p0_ < k; p0_ += block_) {                   \
+            _Alignas(64) float sc0_[128], sc1_[128];                                         \
+            stage_strided_factored128(sc0_, cs0, fs0_);                                      \
+            stage_strided_factored128(sc1_, cs1, fs1_);                                      \
+            int64_t p = p0_;                                                                 \
+            if (p == 0) {                                                                    \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_SCALE16, 1, acc0_, a, 0, 0, b0, sc0_, sc0_, 1);   \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_SCALE16, 1, acc1_, a, 0, 0, b1, sc1_, sc1_, 1);   \
+                p = 1;                                                                       \
+            }                                                                                \
+            for (; p < NM_BLOCK_END_(p0_, block_, k); ++p) {                                 \
+                NM_PACKED_GEMV_PREFETCH(b0 + p * ldb, ldb);                                  \
+                NM_PACKED_GEMV_PREFETCH(b1 + p * ldb, ldb);                                  \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_SCALE16, 1, acc0_, a, 0, p, b0 + p * ldb, sc0_,   \
+                                  sc0_, 0);                                                  \
+                BYTE_STRIDED_ROW_(BYTE_DEQ_SCALE16, 1, acc1_, a, 0, p, b1 + p * ldb, sc1_,   \
+                                  sc1_, 0);                                                  \
+            }                                                                                \
+            /* the next block's codes; the next super-block's factors after per_super */    \
+            if (p0_ + block_ >= k) break;                                                    \
+            cs0 += ld, cs1 += ld;                                                            \
+            if (--left_ == 0) {                                                              \
+                fs0 += ld, fs1 += ld, left_ = per_super;                                     \
+                STAGE_PAIR_FACTORS_;                                                         \
+            }                                                                                \
+        }                                                                                    \
+        PAIR_C_OUT_;                                                                         \
+    }
+
+NIBBLE_STRIDED_PAIR(gemv_packed_pair_q4_0_avx512, float, NIBBLES16_Q4_0P)
+NIBBLE_STRIDED_PAIR(gemv_packed_pair_q4_0_half_avx512, uint16_t, NIBBLES16_Q4_0P)
+BYTE_STRIDED_PAIR(gemv_packed_pair_q8_0_avx512, float, SCALE16)
+BYTE_STRIDED_PAIR(gemv_packed_pair_q8_0_half_avx512, uint16_t, SCALE16_HALF)
+BYTE_STRIDED_PAIR(gemv_packed_pair_q5_1_avx512, float, OFFSET16)
+BYTE_STRIDED_PAIR(gemv_packed_pair_q5_1_half_avx512, uint16_t, OFFSET16_HALF)
+BYTE_STRIDED_FACTORED_PAIR(gemv_packed_pair_q8_0_factored_avx512)
+
 /* packed weights: four 32-column slivers at a time (four streams, as in the avx2 row), for
  * one row and for two (16 accumulators of the 32 registers); Q8_0's and Q5_1's groups
  * through the strided walk above */
@@ -911,6 +1089,16 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
                           memory_order_relaxed);
     row->nibble_decode = nm_x86_is_intel() ? NM_NIBBLE_DECODE_PERMUTE : NM_NIBBLE_DECODE_IN_PLACE;
     atomic_store_explicit(&nibble_decode_avx512, row->nibble_decode, memory_order_relaxed);
+    /* two groups a call at m = 1 on Intel CPUs (gemv_packed_pair): untimed on AMD's */
+    row->gemv_streams = nm_x86_is_intel() ? 2 : 1;
+    NM_SET_SLOT(row, gemv_packed_pair, NM_FMT_Q8_0, gemv_packed_pair_q8_0_avx512);
+    NM_SET_SLOT(row, gemv_packed_pair, NM_FMT_Q4_0, gemv_packed_pair_q4_0_avx512);
+    NM_SET_SLOT(row, gemv_packed_pair, NM_FMT_Q5_1, gemv_packed_pair_q5_1_avx512);
+    NM_SET_SLOT(row, gemv_packed_pair_half, NM_FMT_Q8_0, gemv_packed_pair_q8_0_half_avx512);
+    NM_SET_SLOT(row, gemv_packed_pair_half, NM_FMT_Q4_0, gemv_packed_pair_q4_0_half_avx512);
+    NM_SET_SLOT(row, gemv_packed_pair_half, NM_FMT_Q5_1, gemv_packed_pair_q5_1_half_avx512);
+    NM_SET_SLOT(row, gemv_packed_factored_pair, NM_FMT_Q8_0,
+                gemv_packed_pair_q8_0_factored_avx512);
     NM_SET_MATMUL_SLOTS(row, gemv, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv2, avx512);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, avx512);
@@ -931,3 +1119,4 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     row->probe_fma_flops = 12 * 16 * 2;
     row->probe_read = probe_read_avx512;
 }
+

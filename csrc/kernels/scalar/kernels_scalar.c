@@ -197,6 +197,7 @@ NM_ROW_FILL void nm_fill_row_scalar(nm_isa_kernels *row) {
     row->byte_outer_rows = SCALAR_MR, row->nibble_outer_rows = 0;
     row->packed_gemv_ahead = -1; /* no hint compiled here, nor on the neon row */
     row->nibble_decode = -1;     /* one decode here, as on every row but avx512 */
+    row->gemv_streams = -1;      /* no pair walks here, as on every row but avx512 */
     NM_SET_MATMUL_SLOTS(row, gemv, scalar);
     NM_SET_MATMUL_SLOTS(row, gemv2, scalar);
     NM_SET_MATMUL_SLOTS(row, gemv_packed, scalar); /* every row sets its own: the layout is NR */

@@ -552,9 +552,13 @@ def main(args: Any) -> int:
     nibbles = (() if info["nibble_decode"] is None else
                (f"{info['nibble_decode']} nibble decode"
                 + (" (NARROWMM_NIBBLE_DECODE)" if info["nibble_decode_forced"] else ""),))
+    # and how many groups the m = 1 walks take at once, on the rows with pair walks
+    streams = (() if info["gemv_streams"] is None else
+               (f"{info['gemv_streams']} gemv stream{'s' * (info['gemv_streams'] > 1)}"
+                + (" (NARROWMM_GEMV_STREAMS)" if info["gemv_streams_forced"] else ""),))
     print(run_line(cfg.threads, KERNEL_PEERS, isas=cfg.isas,
                    details=(f"cache {', '.join(cfg.caches)}", f"L3 {l3_bytes() >> 20} MiB",
-                            outer, prefetch, *nibbles)))
+                            outer, prefetch, *nibbles, *streams)))
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]
     if set_vars:
         print(f"note: {', '.join(f'{v}={os.environ[v]}' for v in set_vars)} is set and slows "

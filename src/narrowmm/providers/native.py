@@ -102,6 +102,18 @@ def apply_gemv_prefetch_environment() -> None:
     _core.set_packed_gemv_ahead(nbytes)  # None: the row's own
 
 
+def _chosen_value(name: str, choices: tuple[str, ...]) -> str | None:
+    """``name``'s value if it is one of ``choices``; None if unset, or if bad, which is then
+    recorded for info and the first call (the row's default applies meanwhile)."""
+    _environ.forget(name)
+    value = os.environ.get(name, "").strip()
+    if value and value not in choices:
+        _environ.record(name, f"{name}={value!r} must be one of {', '.join(choices)}; "
+                              "unset it for the row's default")
+        return None
+    return value or None
+
+
 NIBBLE_DECODES = ("in-place", "permute")
 
 
@@ -112,16 +124,23 @@ def apply_nibble_decode_environment() -> None:
     or ``permute`` (every code through a table permute); unset: the row's default for this
     CPU, which ``narrowmm info`` shows. The decode changes the time, never a bit: tests and
     benchmarks force it."""
-    if _core is None:
-        return
-    name = "NARROWMM_NIBBLE_DECODE"
-    _environ.forget(name)
-    value = os.environ.get(name, "").strip()
-    if value and value not in NIBBLE_DECODES:
-        _environ.record(name, f"{name}={value!r} must be one of {', '.join(NIBBLE_DECODES)}; "
-                              "unset it for the row's default")
-        value = ""
-    _core.set_nibble_decode(value or None)  # None: the row's own
+    if _core is not None:
+        _core.set_nibble_decode(_chosen_value("NARROWMM_NIBBLE_DECODE", NIBBLE_DECODES))
+
+
+GEMV_STREAMS = ("1", "2")
+
+
+def apply_gemv_streams_environment() -> None:
+    """Apply ``NARROWMM_GEMV_STREAMS``, if set: how many groups of packed weights the m = 1
+    walks take at once on the rows with pair walks (avx512: Q8_0, which GGUF's Q5_0 loads
+    as, Q4_0, Q5_1 and the K types' q8_0 form): ``1``, a group at a time, or ``2``, two
+    groups' streams read side by side; unset: the row's default for this CPU, which
+    ``narrowmm info`` shows. The count changes the time, never a bit: tests and benchmarks
+    force it."""
+    if _core is not None:
+        value = _chosen_value("NARROWMM_GEMV_STREAMS", GEMV_STREAMS)
+        _core.set_gemv_streams(None if value is None else int(value))
 
 
 def checked_core():
@@ -130,13 +149,14 @@ def checked_core():
     Raises:
         RuntimeError: the extension did not load.
         EnvironmentVariableError: ``NARROWMM_ISA``, ``NARROWMM_NUM_THREADS``,
-            ``NARROWMM_SLIVER_OUTER_KIB``, ``NARROWMM_GEMV_PREFETCH_BYTES`` or
-            ``NARROWMM_NIBBLE_DECODE`` is invalid.
+            ``NARROWMM_SLIVER_OUTER_KIB``, ``NARROWMM_GEMV_PREFETCH_BYTES``,
+            ``NARROWMM_NIBBLE_DECODE`` or ``NARROWMM_GEMV_STREAMS`` is invalid.
     """
     if _core is None:
         raise RuntimeError(f"the native core is unavailable: {_IMPORT_ERROR}")
     _environ.check("NARROWMM_ISA", "NARROWMM_NUM_THREADS", "NARROWMM_SLIVER_OUTER_KIB",
-                   "NARROWMM_GEMV_PREFETCH_BYTES", "NARROWMM_NIBBLE_DECODE")
+                   "NARROWMM_GEMV_PREFETCH_BYTES", "NARROWMM_NIBBLE_DECODE",
+                   "NARROWMM_GEMV_STREAMS")
     return _core
 
 
@@ -263,3 +283,4 @@ apply_isa_environment()
 apply_sliver_outer_environment()
 apply_gemv_prefetch_environment()
 apply_nibble_decode_environment()
+apply_gemv_streams_environment()
