@@ -854,7 +854,7 @@ static inline void stage_strided_factored256(float *dst, const int8_t *cp, const
  * offsets: co and fo are not read): each group's block codes cs and super-block factors fs
  * as BYTE_STRIDED_FACTORED_GROUP reads them, the factors staged strided once per
  * super-block. The q4_1 form's pair (Q4_K) ran no faster from memory than one group and
- * 0.75-0.95x from L2 (docs/results/gemv-streams-xeon-2026-12-07.txt): none. */
+ * 0.77-0.95x from L2 (docs/results/gemv-streams-xeon-2026-12-07.txt): none. */
 #define FACTORED_PAIR_SIGNATURE_(NAME)                                                       \
     static void NAME(int64_t k, int64_t ldb, const float *a, const uint8_t *b0,              \
                      const uint8_t *b1, float *c0, float *c1, const int8_t *cs0,             \
@@ -1119,4 +1119,3 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     row->probe_fma_flops = 12 * 16 * 2;
     row->probe_read = probe_read_avx512;
 }
-
