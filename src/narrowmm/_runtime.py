@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,17 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     return name
 
 
+def _labelled_walks(kernel_names: Callable[[str, Any], list[str]] | None, fmt: Any,
+                    *parts: tuple[str, tuple[str, ...]]) -> str:
+    """The C walks the row in use has for each (operation, labels) of ``parts``, each name
+    followed by its label, joined by "; " ("" where it has none, or without
+    ``kernel_names``)."""
+    if kernel_names is None:
+        return ""
+    return "; ".join(f"{walk}{label}" for what, labels in parts
+                     for walk, label in zip(kernel_names(what, fmt), labels, strict=False))
+
+
 def runtime_info() -> dict[str, Any]:
     """A JSON-ready description: version, CPU, ISA row, threads, providers, kernels."""
     from ._version import __version__
@@ -69,23 +81,20 @@ def runtime_info() -> dict[str, Any]:
                 rows = ("m=1", "m=2", "4 rows")[:len(half)]  # the m == 4 walk: optional
                 entry["half_scale_kernel"] = "; ".join(
                     f"{name} ({r})" for name, r in zip(half, rows, strict=True))
+            walks = native.kernel_names if op == "matmul" else None
             # packed weights under a factored grid (the K types): the row's own m = 1 (and
             # m = 2) walks and the m == 4 walk on the grid multiplied out, where it has them
-            factored = [f"{walk} ({rows})" for what, names in (
-                            ("matmul_packed_factored", ("m=1", "m=2")),
-                            ("matmul_packed_quad", ("4 rows",)))
-                        for walk, rows in zip(native.kernel_names(what, fmt)
-                                              if op == "matmul" else [], names, strict=False)]
+            factored = _labelled_walks(walks, fmt,
+                                       ("matmul_packed_factored", (" (m=1)", " (m=2)")),
+                                       ("matmul_packed_quad", (" (4 rows)",)))
             if factored:
-                entry["factored_scale_kernel"] = "; ".join(factored)
+                entry["factored_scale_kernel"] = factored
             # m = 1 over two groups at once (gemv_streams): float32, binary16, factored grids
-            pair = [f"{walk}{grid}" for what, grids in (
-                        ("matmul_packed_pair", ("", " (binary16 scales)")),
-                        ("matmul_packed_factored_pair", (" (factored scales)",)))
-                    for walk, grid in zip(native.kernel_names(what, fmt)
-                                          if op == "matmul" else [], grids, strict=False)]
+            pair = _labelled_walks(walks, fmt,
+                                   ("matmul_packed_pair", ("", " (binary16 scales)")),
+                                   ("matmul_packed_factored_pair", (" (factored scales)",)))
             if pair:
-                entry["pair_kernel"] = "; ".join(pair)
+                entry["pair_kernel"] = pair
         kernels.append({**entry, "kernel": name})
     return {
         "version": __version__,
