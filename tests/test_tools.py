@@ -96,3 +96,87 @@ def test_requantize_says_it_needs_llama_cpp_python(tmp_path):
                            str(tmp_path / "out.gguf")], capture_output=True, text=True,
                           env=env, timeout=120)
     assert done.returncode == 2 and "needs llama-cpp-python" in done.stderr
+
+
+# ---- tools/perf/walk_ab.py: an A/B of a walk setting in one process ----------------------
+
+WALK_AB = ROOT / "tools" / "perf" / "walk_ab.py"
+TINY_AB = ["--shape", "64x256", "--rounds", "3", "--evict-mib", "1", "--copies-mib", "1"]
+
+
+def run_walk_ab(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(WALK_AB), *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_walk_ab_times_every_value_of_the_setting_for_every_format():
+    done = run_walk_ab("--setting", "decode=permute,in-place,default", "--format", "q4_0",
+                       "--format", "q4_1", *TINY_AB)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.strip().splitlines()
+    assert "64 x 256, decode = permute, in-place, default by turns, 3 rounds" in header
+    assert [r.split()[0] for r in rows] == ["q4_0", "q4_1"]
+    for row in rows:
+        assert "permute: " in row and "in-place: " in row and "default: " in row
+        assert row.count(" ms [") == 3 and "1.000x" in row  # the first value against itself
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--setting", "threads=1,2"], "--setting names one of streams, decode, prefetch"),
+    (["--setting", "streams=2"], "needs two or more different values"),
+    (["--setting", "streams=2,2"], "needs two or more different values"),
+    (["--setting", "streams=1,3"], "gemv_streams must be 1, 2 or None, not 3"),
+    (["--setting", "prefetch=2048,-1"], "packed_gemv_ahead must be >= 0"),
+    (["--setting", "decode=permute,fast"], "a decode is in-place, permute or default"),
+    (["--setting", "streams=1,2", "--shape", "4096"], "--shape is k x n"),
+    (["--setting", "streams=1,2", "--rows", "0"], "--rows must be in 1..64"),
+    (["--setting", "streams=1,2", "--threads", "2"], "--threads is for --model"),
+    (["--setting", "streams=1,2", "--format", "q9_9"], "--format q9_9"),
+    (["--setting", "streams=1,2", "--model", "smollm2", "--format", "q4_0"],
+     "--format is for the calls alone"),
+    (["--setting", "streams=1,2", "--model", "smollm2", "--threads", "0"],
+     "--threads takes counts of at least 1"),
+])
+def test_walk_ab_refuses_bad_arguments(args, said):
+    done = run_walk_ab(*args)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_walk_ab_leaves_the_setting_as_it_found_it(monkeypatch, capsys):
+    import importlib.util
+
+    from narrowmm.providers.native import core
+
+    spec = importlib.util.spec_from_file_location("walk_ab", WALK_AB)
+    walk_ab = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(WALK_AB.parent))  # its import of walk_rates
+    spec.loader.exec_module(walk_ab)
+    c = core()
+    c.set_gemv_streams(1)
+    try:
+        monkeypatch.setattr(sys, "argv", ["walk_ab.py", "--setting", "streams=2,default",
+                                          "--format", "q8_0", *TINY_AB])
+        walk_ab.main()
+        assert c.get_gemv_streams() == 1
+    finally:
+        c.set_gemv_streams(None)
+    assert capsys.readouterr().out.count("q8_0 ") == 1
+
+
+def test_walk_ab_takes_a_settings_turns_on_a_gguf_files_decoder():
+    from conftest import require
+
+    require("transformers")
+    from test_gguf import smollm2_path
+
+    done = run_walk_ab("--setting", "streams=2,1", "--model", str(smollm2_path()),
+                       "--threads", "1", "--rounds", "2", "--steps", "2")
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.strip().splitlines()[-2:]
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf's Decoder, streams = 2, 1 by turns" in header
+    assert row.startswith("1 thread(s)") and row.count(" ms a step ") == 2
+
+
+def test_walk_ab_refuses_a_missing_model_file(tmp_path):
+    done = run_walk_ab("--setting", "streams=1,2", "--model", str(tmp_path / "none.gguf"))
+    assert done.returncode == 2 and "--model: no such file" in done.stderr
