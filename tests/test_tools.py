@@ -130,6 +130,7 @@ def test_walk_ab_times_every_value_of_the_setting_for_every_format():
     (["--setting", "decode=permute,fast"], "a decode is in-place, permute or default"),
     (["--setting", "streams=1,2", "--shape", "4096"], "--shape is k x n"),
     (["--setting", "streams=1,2", "--rows", "0"], "--rows must be in 1..64"),
+    (["--setting", "streams=1,2", "--copies-mib", "100000000"], "more than half of the"),
     (["--setting", "streams=1,2", "--threads", "2"], "--threads is for --model"),
     (["--setting", "streams=1,2", "--format", "q9_9"], "--format q9_9"),
     (["--setting", "streams=1,2", "--model", "smollm2", "--format", "q4_0"],

@@ -37,6 +37,7 @@ one prompt, ``--steps`` greedy steps a run, the values by turns run by run, at e
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -156,6 +157,12 @@ def main() -> None:
         parser.error(f"--rows must be in 1..64, not {args.rows}")
     if args.rounds < 1 or args.copies_mib < 1 or args.evict_mib < 0:
         parser.error("--rounds and --copies-mib must be positive, --evict-mib not negative")
+    # a format's copies while the last one's are freed, and the buffer read between calls
+    available_mib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    if not args.model and 2 * args.copies_mib + args.evict_mib > available_mib // 2:
+        parser.error(f"--copies-mib {args.copies_mib} and --evict-mib {args.evict_mib} need "
+                     f"{2 * args.copies_mib + args.evict_mib} MiB, more than half of the "
+                     f"{available_mib} MiB available")
     if args.threads is not None and not args.model:
         parser.error("--threads is for --model; the calls alone take NARROWMM_NUM_THREADS")
     if args.model and args.formats:
