@@ -51,7 +51,7 @@ from narrowmm._arrays import aligned_empty
 from narrowmm.providers.native import core
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from walk_rates import packed, weights  # the same weights as walk_rates
+from walk_rates import more_copies, packed, weights  # the same weights as walk_rates
 
 DEFAULT_FORMATS = ("q4_0", "q8_0")
 
@@ -216,9 +216,7 @@ def main() -> None:
             w = weights(fmt, k, n, rng)
             first, nbytes = packed(w)
             count = max(2, (args.copies_mib << 20) // nbytes)
-            mats = [first] + [packed(nm.Weights.from_bits(w.bits.copy(), w.format, w.scales,
-                                                          w.offsets))[0]
-                              for _ in range(count - 1)]
+            mats = [first, *more_copies(w, count - 1)]
             for mat in mats:  # each copy's first call, untimed
                 nm.matmul(x, mat, out=out)
             times: list[list[float]] = [[] for _ in values]

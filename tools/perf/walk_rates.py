@@ -62,6 +62,12 @@ def packed(w: nm.Weights) -> tuple[nm.PackedWeights, int]:
     return p, p.nbytes + (scales[0].nbytes if scales is not None else 0)
 
 
+def more_copies(w: nm.Weights, count: int) -> list[nm.PackedWeights]:
+    """``count`` more packed copies of ``w``, each on bits of its own (as :func:`packed`)."""
+    return [packed(nm.Weights.from_bits(w.bits.copy(), w.format, w.scales, w.offsets))[0]
+            for _ in range(count)]
+
+
 def median_seconds(call: Callable[[int], object], calls: int) -> float:
     """Median seconds of ``calls`` calls of ``call(i)``, after one untimed round."""
     for i in range(min(calls, 8)):
@@ -80,8 +86,7 @@ def walk_seconds(fmt: str, k: int, n: int, copies: int, calls: int, rng: np.rand
     rotation, and the stored bytes of one."""
     w = weights(fmt, k, n, rng)
     first, nbytes = packed(w)
-    mats = [first] + [packed(nm.Weights.from_bits(w.bits.copy(), w.format, w.scales,
-                                                  w.offsets))[0] for _ in range(copies - 1)]
+    mats = [first, *more_copies(w, copies - 1)]
     x = ((rng.random((m, k), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
     out = np.empty((m, n), np.float32)
     return median_seconds(lambda i: nm.matmul(x, mats[i % len(mats)], out=out), calls), nbytes
