@@ -159,3 +159,22 @@ def k_type_weights(type_name: str, k: int, n: int, seed: int):
         d = rng.uniform(1e-3, 0.1, blocks.shape[:2]) * rng.choice([-1.0, 1.0], blocks.shape[:2])
         blocks[:, :, at:at + 2] = d.astype(np.float16)[..., None].view(np.uint8)
     return _gguf_blocks.as_torch_weights(_gguf_blocks.convert(type_name, blocks))
+
+
+@pytest.fixture
+def recorded_arenas(monkeypatch) -> list:
+    """Every narrowmm._arena.WeightArena made while the test runs, the arena on whatever
+    this machine's kernel says of huge pages (its mappings work either way)."""
+    from narrowmm import _arena
+
+    made: list = []
+
+    class Recorded(_arena.WeightArena):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(_arena, "WeightArena", Recorded)
+    monkeypatch.setattr(_arena, "transparent_huge_pages", lambda: "madvise")
+    monkeypatch.setenv("NARROWMM_HUGE_PAGES", "1")
+    return made

@@ -162,3 +162,31 @@ def test_sharding_needs_a_process_group():
     with pytest.raises(RuntimeError, match=r"initialised torch\.distributed process group"):
         nmt.shard(model)
     assert np.all([not isinstance(m, nmt.ShardedLinear) for m in model.modules()])
+
+
+def test_shard_and_load_sharded_pack_into_one_arena(checkpoint, recorded_arenas, monkeypatch):
+    """Both keep each rank's packed ranges side by side in one huge-page arena
+    (narrowmm._arena), as convert does; a world of one rank, in this process."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for how in ("shard", "load_sharded"):
+            recorded_arenas.clear()
+            if how == "shard":
+                model = transformers.LlamaForCausalLM.from_pretrained(checkpoint)
+                nmt.convert(model, "bf16", threads=False)
+                recorded_arenas.clear()  # convert's own
+                nmt.shard(model)
+            else:
+                config = transformers.AutoConfig.from_pretrained(checkpoint)
+                with torch.device("meta"):
+                    model = transformers.LlamaForCausalLM(config)
+                nmt.load_sharded(model, checkpoint / "model.safetensors", "bf16")
+            assert len(recorded_arenas) == 1, how
+            locals_ = [m.local for m in model.modules() if isinstance(m, nmt.ShardedLinear)]
+            assert locals_ and all(m.packed for m in locals_), how
+            assert all(recorded_arenas[0].holds(m.weight_bits.numpy()) for m in locals_), how
+    finally:
+        dist.destroy_process_group()

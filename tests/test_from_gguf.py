@@ -162,6 +162,31 @@ def test_wide_4_bit_layers_are_packed_by_default_with_the_row_major_bits(tmp_pat
         assert_same_bits(packed(ids).logits.numpy(), rows(ids).logits.numpy())
 
 
+def test_the_packed_layers_lie_in_one_huge_page_arena(tmp_path, recorded_arenas,
+                                                     monkeypatch):
+    """from_gguf packs every layer (codes and the kernels' grids, on the converting threads
+    too) into one arena (narrowmm._arena); NARROWMM_HUGE_PAGES=0 leaves them in NumPy's
+    memory, with the same logits."""
+    path = write_llama(tmp_path / "q4_1.gguf", "q4_1", hidden=64, layers=2, ffn=256,
+                       heads=2, kv_heads=1)
+    model = nmt.from_gguf(path, threads=2)
+    assert len(recorded_arenas) == 1
+    arena = recorded_arenas[0]
+    layers = nmt.converted_layers(model)
+    assert len(layers) == 2 * 7 + 1
+    for name, layer in layers:
+        assert layer.packed and arena.holds(layer.weight_bits.numpy()), name
+        assert arena.holds(layer.weight_scales.numpy()), name
+    monkeypatch.setenv("NARROWMM_HUGE_PAGES", "0")
+    plain = nmt.from_gguf(path, threads=2)
+    assert len(recorded_arenas) == 1
+    assert not any(arena.holds(layer.weight_bits.numpy())
+                   for _, layer in nmt.converted_layers(plain))
+    ids = torch.tensor([[1, 5, 9, 200, 31], [7, 8, 9, 10, 11]])
+    with torch.inference_mode():
+        assert_same_bits(model(ids).logits.numpy(), plain(ids).logits.numpy())
+
+
 def test_a_q5_1_file_runs_as_q5_1_layers_within_float32_rounding_of_pytorch(tmp_path):
     """A Llama of Q5_1 layers (tools/write_llama_gguf.py, gguf-py's quantizer): every
     linear layer holds the file's 5-bit codes as q5_1, packed and row-major give the same

@@ -165,6 +165,29 @@ def test_convert_replaces_every_linear_but_the_skipped():
     assert assert_layers_exact(calls) == 3
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0"])
+def test_convert_packs_the_layers_into_one_huge_page_arena(recorded_arenas, fmt):
+    """convert packs every layer (codes, and a GGUF format's grid) into one arena
+    (narrowmm._arena), with the bits of a layer packed alone."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(),
+                                torch.nn.Linear(96, 32, bias=False))
+    alone = nmt.Linear.from_torch(model[2], fmt)
+    nmt.convert(model, fmt, threads=False)
+    assert len(recorded_arenas) == 1
+    for name, layer in nmt.converted_layers(model):
+        assert arena_holds_layer(recorded_arenas[0], layer), name
+    assert not arena_holds_layer(recorded_arenas[0], alone)
+    x = torch.randn(5, 96)
+    with torch.inference_mode():
+        assert_same_bits(model[2](x).numpy(), alone(x).numpy())
+
+
+def arena_holds_layer(arena, layer) -> bool:
+    return arena.holds(layer.weight_bits.numpy()) and (
+        layer.weight_scales is None or arena.holds(layer.weight_scales.numpy()))
+
+
 def test_converting_bf16_weights_to_bf16_changes_no_bit():
     m = model(torch.bfloat16)
     bits = {n: mod.weight.detach().view(torch.int16).numpy().copy()

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import _environ
+from ._arena import huge_pages_enabled, transparent_huge_pages
 from ._formats import get_format, operations
 from ._threads import get_num_threads
 from .providers import forced_provider, get_provider, providers, resolve
@@ -154,6 +155,9 @@ def runtime_info() -> dict[str, Any]:
         # whether packed weights make them (NARROWMM_FACTORED_SCALES; None: a bad value)
         "factored_scales": c.kernel_names("widen_factored", 0)[0] if c else None,
         "factored_scales_enabled": _factored_setting(),
+        # where a load packs its weights (_arena): on huge pages when both say so
+        "huge_pages": {"enabled": _environ.setting("NARROWMM_HUGE_PAGES", huge_pages_enabled),
+                       "transparent_huge_pages": transparent_huge_pages()},
         "environment_problems": _environ.problems(),
     }
 
@@ -163,13 +167,7 @@ def _factored_setting() -> bool | None:
     the report) for a bad value."""
     from ._weights import factored_scales_enabled
 
-    try:
-        enabled = factored_scales_enabled()
-    except _environ.EnvironmentVariableError as exc:
-        _environ.record("NARROWMM_FACTORED_SCALES", str(exc))
-        return None
-    _environ.forget("NARROWMM_FACTORED_SCALES")
-    return enabled
+    return _environ.setting("NARROWMM_FACTORED_SCALES", factored_scales_enabled)
 
 
 def show_runtime(as_json: bool = False) -> None:
@@ -265,3 +263,11 @@ def show_runtime(as_json: bool = False) -> None:
         setting = {True: "", False: " (off: NARROWMM_FACTORED_SCALES=0)",
                    None: " (see PROBLEM above)"}[info["factored_scales_enabled"]]
         print(f"factored scales (the K types, packed): {info['factored_scales']}{setting}")
+    huge = info["huge_pages"]
+    thp = huge["transparent_huge_pages"]
+    where = ("see PROBLEM above" if huge["enabled"] is None
+             else "NumPy's memory (NARROWMM_HUGE_PAGES=0)" if not huge["enabled"]
+             else f"NumPy's memory (transparent huge pages: {thp or 'none here'})"
+             if thp not in ("always", "madvise")
+             else f"an arena on transparent huge pages ({thp})")
+    print(f"a load's packed weights: {where}")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
+from ._arena import weights_empty
 from ._arrays import aligned_empty, line_aligned
 from ._codecs import check_codes, decode, encode
-from ._environ import EnvironmentVariableError
+from ._environ import switch
 from ._formats import FORMATS, Format, get_format
 from ._interop import Bf16Bits, as_array
 from ._scales import Scales, apply
@@ -121,12 +121,7 @@ def factored_scales_enabled() -> bool:
     Raises:
         EnvironmentVariableError: another value.
     """
-    value = os.environ.get("NARROWMM_FACTORED_SCALES", "1").strip()
-    if value not in ("0", "1"):
-        raise EnvironmentVariableError(
-            f"NARROWMM_FACTORED_SCALES must be 1 (factored K-type scales, the default) or 0 "
-            f"(float32 grids), got {value!r}")
-    return value == "1"
+    return switch("NARROWMM_FACTORED_SCALES", "factored K-type scales", "float32 grids")
 
 
 def super_blocks_of(bk: int) -> int:
@@ -214,7 +209,7 @@ def factored_sliver_major(grid: np.ndarray, grids: int, blocks: int,
     cache line."""
     factors, codes = _factored_parts(grid, grids, blocks)
     supers, slivers = factors.shape[1], factors.shape[2] // width
-    out = aligned_empty((grids * slivers, 4 * supers + blocks, width), np.int8)
+    out = weights_empty((grids * slivers, 4 * supers + blocks, width), np.int8)
     four = out.reshape(grids, slivers, 4 * supers + blocks, width)
     slab = four[:, :, :4 * supers].reshape(grids, slivers, 4 * supers * width)  # a view
     slab.view(np.float32).reshape(grids, slivers, supers, width)[...] = (
@@ -267,7 +262,7 @@ def sliver_major(grid: np.ndarray, grids: int, width: int) -> np.ndarray:
     new array, starting on a cache line."""
     rows, cols = grid.shape
     blocks, slivers = rows // grids, cols // width
-    out = aligned_empty((grids * slivers, blocks, width), grid.dtype)
+    out = weights_empty((grids * slivers, blocks, width), grid.dtype)
     out.reshape(grids, slivers, blocks, width)[...] = (
         grid.reshape(grids, blocks, slivers, width).transpose(0, 2, 1, 3))
     return out
@@ -805,13 +800,14 @@ def padded_columns(n: int, width: int) -> int:
 def pack_slivers(bits: np.ndarray, width: int, xor: int = 0, core: Any = None) -> np.ndarray:
     """(k, n) ``bits`` (any strides: a transposed view too) as ``(ceil(n / width), k,
     width)`` slivers, zero-padded, every byte XOR-ed with ``xor`` (a format's
-    ``packed_xor``); one new array, starting on a cache line. With ``core`` (the native
+    ``packed_xor``); one new array, starting on a cache line (in the load's huge-page
+    arena while one is open: ``narrowmm._arena``). With ``core`` (the native
     module), its ``pack_slivers`` copies (``nm_pack_slivers``: a GGUF tensor's transposed
     codes 3-5x faster, docs/results/load-gguf-zen3-2026-12-06.txt); else NumPy, a sliver
     at a time. The same bytes either way."""
     k, n = bits.shape
     slivers = padded_columns(n, width) // width
-    out = aligned_empty((slivers, k, width), bits.dtype)
+    out = weights_empty((slivers, k, width), bits.dtype)
     if core is not None and bits.dtype.itemsize in (1, 2, 4) and min(bits.strides) >= 0:
         core.pack_slivers(bits, width, xor, out)
         return out

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
+from .._arena import weight_arena
 from .._formats import get_format
 from ._invariant import check_supported, make_batch_invariant
 from ._layer import Linear
@@ -49,6 +50,10 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
     ``threads`` threads (every CPU for True): narrowmm runs its parts on PyTorch's OpenMP
     team where it can, or else on its own pool with PyTorch's set to 1 thread, so that two
     pools never fight over the cores (see there for figures).
+
+    Memory: the packed layers lie side by side in mappings of 64 MiB advised for transparent
+    huge pages, where the kernel has them (``NARROWMM_HUGE_PAGES=0``: NumPy's memory;
+    docs/kernels.md, "Huge pages for packed weights").
     """
     skip = tuple(skip)
     fmt = get_format(format)
@@ -59,12 +64,13 @@ def convert(model: torch.nn.Module, format: str = "bf16", *, pack: bool = True,
         check_supported(model, linears_pending=True)
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, torch.nn.Linear) and not _skipped(name, skip)]
-    for name, module in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Linear.from_torch(module, fmt.name, pack=pack))
-        module.weight = None  # the float copy goes with the last reference to it
-        module.bias = None
+    with weight_arena():  # the packed layers side by side on huge pages (_arena)
+        for name, module in targets:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, Linear.from_torch(module, fmt.name, pack=pack))
+            module.weight = None  # the float copy goes with the last reference to it
+            module.bias = None
     if batch_invariant:
         make_batch_invariant(model)
     if threads is not False:

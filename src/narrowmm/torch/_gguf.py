@@ -3,6 +3,7 @@ holding the file's blocks (:func:`from_gguf`)."""
 
 from __future__ import annotations
 
+import contextvars
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import _threads
+from .._arena import weight_arena
 from .._scales import Scales
 from .._weights import TorchWeights
 from ..checkpoints.gguf import LOADABLE_TYPES, GGUFError, GGUFFile, load_gguf
@@ -194,7 +196,10 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     the file
     is mapped (its pages count in the resident set until the map closes on return) and each
     tensor is converted a few MB of blocks at a time, so the peak stays near the model's
-    size plus the file's (README, "GGUF files and Q8_0 weights").
+    size plus the file's (README, "GGUF files and Q8_0 weights"). The packed layers lie side
+    by side in mappings of 64 MiB advised for transparent huge pages, where the kernel has
+    them (``NARROWMM_HUGE_PAGES=0``: NumPy's memory; docs/kernels.md, "Huge pages for packed
+    weights").
 
     Args:
         path: the ``.gguf`` file.
@@ -267,9 +272,10 @@ def from_gguf(path: str | os.PathLike[str], *, batch_invariant: bool = False,
     # rest importing transformers' model code): on worker threads (_in_order), with a bar
     # as transformers' own loads show, silenced by the same switch
     # (transformers.utils.logging.disable_progress_bar)
+    # the packed layers side by side on huge pages (_arena), the workers' copies included
     tensors = len(linears) + len(embeddings)
-    with transformers.utils.logging.tqdm(total=tensors, unit="tensor", leave=False,
-                                         desc=f"narrowmm: {name}'s blocks") as bar:
+    with weight_arena(), transformers.utils.logging.tqdm(
+            total=tensors, unit="tensor", leave=False, desc=f"narrowmm: {name}'s blocks") as bar:
         def convert(module_name: str) -> Linear:
             if module_name not in linears:  # the tied output layer
                 return Linear.from_weights(f[embedding], pack=pack)
@@ -329,14 +335,15 @@ def _in_order(fn: Callable[[str], Any], keys: list[str],
               workers: int) -> Iterator[tuple[str, Any]]:
     """``(key, fn(key))`` for each key in order, ``workers`` calls running at once on
     threads (the conversions spend their time in NumPy and narrowmm's C, which release the
-    GIL). The first failure is raised as it is, in key order; the calls not started then are
-    cancelled, the running ones finish first."""
+    GIL), each in a copy of the caller's context (its weight arena, say). The first failure
+    is raised as it is, in key order; the calls not started then are cancelled, the running
+    ones finish first."""
     if workers <= 1 or len(keys) <= 1:
         for key in keys:
             yield key, fn(key)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="narrowmm-gguf") as pool:
-        futures = [pool.submit(fn, key) for key in keys]
+        futures = [pool.submit(contextvars.copy_context().run, fn, key) for key in keys]
         try:
             for key, future in zip(keys, futures, strict=True):
                 yield key, future.result()

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._arena import weight_arena
 from .._codecs import encode
 from .._formats import Format, get_format
 from .._linear import Linear as ArrayLinear
@@ -181,16 +182,18 @@ def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> tor
     ``batch_invariant=True`` so that they give the same bits everywhere."""
 
     rank, world = _world(group)
-    for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]:
-        ranges = column_ranges(layer.out_features, world)
-        lo, hi = ranges[rank]
-        local = None
-        if hi > lo:
-            local = _columns(layer.weights(), lo, hi)
-            local = local.pack() if layer.packed else local
-        bias = None if layer.bias is None else layer.bias.numpy()[lo:hi].copy()
-        local_layer = _local_layer(local, bias, layer.in_features)
-        _replace(model, name, ShardedLinear(local_layer, ranges, group, name))
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
+    with weight_arena():  # the packed ranges side by side on huge pages (_arena)
+        for name, layer in layers:
+            ranges = column_ranges(layer.out_features, world)
+            lo, hi = ranges[rank]
+            local = None
+            if hi > lo:
+                local = _columns(layer.weights(), lo, hi)
+                local = local.pack() if layer.packed else local
+            bias = None if layer.bias is None else layer.bias.numpy()[lo:hi].copy()
+            local_layer = _local_layer(local, bias, layer.in_features)
+            _replace(model, name, ShardedLinear(local_layer, ranges, group, name))
     return model
 
 
@@ -225,21 +228,22 @@ def load_sharded(model: torch.nn.Module, checkpoint: str | os.PathLike[str],
     tied = _tied_names(model)
     linears = [(n, m) for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and n not in skip]
-    for name, module in linears:
-        key = _checkpoint_name(f, f"{name}.weight", tied)
-        full = f[key]
-        if full.shape != (module.out_features, module.in_features):
-            raise ValueError(f"{key} has shape {full.shape}, the model's {name} is "
-                             f"({module.out_features}, {module.in_features})")
-        ranges = column_ranges(module.out_features, world)
-        lo, hi = ranges[rank]
-        local = _NoColumns(module.in_features)
-        if hi > lo:
-            layer = ArrayLinear(_feature_rows(full, lo, hi, fmt), _bias(f, name, lo, hi),
-                                 pack=pack)
-            local = Linear(layer.weights, layer.bias)
-        f.release(key)
-        _replace(model, name, ShardedLinear(local, ranges, group, name))
+    with weight_arena():  # the packed ranges side by side on huge pages (_arena)
+        for name, module in linears:
+            key = _checkpoint_name(f, f"{name}.weight", tied)
+            full = f[key]
+            if full.shape != (module.out_features, module.in_features):
+                raise ValueError(f"{key} has shape {full.shape}, the model's {name} is "
+                                 f"({module.out_features}, {module.in_features})")
+            ranges = column_ranges(module.out_features, world)
+            lo, hi = ranges[rank]
+            local = _NoColumns(module.in_features)
+            if hi > lo:
+                layer = ArrayLinear(_feature_rows(full, lo, hi, fmt), _bias(f, name, lo, hi),
+                                     pack=pack)
+                local = Linear(layer.weights, layer.bias)
+            f.release(key)
+            _replace(model, name, ShardedLinear(local, ranges, group, name))
     _load_rest(model, f, tied)
     return model
 
