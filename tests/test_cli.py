@@ -150,7 +150,7 @@ def test_bench_times_the_gguf_block_types_on_request(tmp_path):
                   "--format", "q5_k", "--format", "q5_1", "--format", "bf16", "--json",
                   str(path))
     assert out.returncode == 0, out.stderr
-    assert_run_line(out.stdout, "1", ("numpy", "torch", "ml_dtypes"))
+    assert_run_line(out.stdout, "1", ("numpy", "torch", "ml_dtypes"), loads=False)
     assert "; threads 1; cache cold; L3 " in out.stdout.splitlines()[0]
     outer = core().get_sliver_outer_a_bytes() >> 10
     assert f" MiB; slivers outside up to {outer} KiB of A;" in out.stdout.splitlines()[0]
@@ -222,15 +222,18 @@ def test_bench_explains_itself_and_summarises(tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def assert_run_line(stdout: str, threads: str, peers: tuple[str, ...]) -> None:
+def assert_run_line(stdout: str, threads: str, peers: tuple[str, ...],
+                    loads: bool = True) -> None:
     """A bench's first line says what ran: narrowmm's version, the CPU, the ISA row, the
-    threads, and each peer's version (or that it is not installed)."""
+    threads, where a load's packed weights live (the benches that load models), and each
+    peer's version (or that it is not installed)."""
     from importlib import metadata
 
     first = stdout.splitlines()[0]
     info = nm.runtime_info()
     assert first.startswith(f"narrowmm {nm.__version__} on {info['cpu']} ("), first
     assert f"; isa {info['isa']}" in first and f"; threads {threads}" in first, first
+    assert (f"; threads {threads}; a load's packed weights " in first) == loads, first
     for name in peers:
         try:
             assert f"{name} {metadata.version(name)}" in first, first
@@ -247,8 +250,23 @@ def test_run_line_without_the_native_core_or_a_peer(monkeypatch):
     info = {**_runtime.runtime_info(), "isa": None, "isa_forced": None, "cpu_features": []}
     monkeypatch.setattr(_runtime, "runtime_info", lambda: info)
     line = run_line([1, 2], ("torch", "no-such-package-narrowmm"))
-    assert "; isa none (the native core did not load); threads 1, 2; torch " in line, line
+    assert "; isa none (the native core did not load); threads 1, 2; a load's " in line, line
     assert line.endswith("no-such-package-narrowmm not installed"), line
+
+
+@pytest.mark.parametrize("enabled, thp, said", [
+    (True, "madvise", "on huge pages (madvise)"),
+    (True, "always", "on huge pages (always)"),
+    (True, "never", "in NumPy's memory (transparent huge pages: never)"),
+    (True, None, "in NumPy's memory (transparent huge pages: none)"),
+    (False, "madvise", "in NumPy's memory (NARROWMM_HUGE_PAGES=0)"),
+    (None, "madvise", "(NARROWMM_HUGE_PAGES is invalid)"),
+])
+def test_the_run_line_says_where_packed_weights_live(enabled, thp, said):
+    from narrowmm.bench.machine import packed_memory
+
+    assert packed_memory({"enabled": enabled,
+                          "transparent_huge_pages": thp}) == "a load's packed weights " + said
 
 
 def test_bench_model_minilm_quick():

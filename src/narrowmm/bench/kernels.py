@@ -556,7 +556,7 @@ def main(args: Any) -> int:
     streams = (() if info["gemv_streams"] is None else
                (f"{info['gemv_streams']} gemv stream{'s' * (info['gemv_streams'] > 1)}"
                 + (" (NARROWMM_GEMV_STREAMS)" if info["gemv_streams_forced"] else ""),))
-    print(run_line(cfg.threads, KERNEL_PEERS, isas=cfg.isas,
+    print(run_line(cfg.threads, KERNEL_PEERS, isas=cfg.isas, loads=False,
                    details=(f"cache {', '.join(cfg.caches)}", f"L3 {l3_bytes() >> 20} MiB",
                             outer, prefetch, *nibbles, *streams)))
     set_vars = [v for v in BLAS_ENV if os.environ.get(v)]

@@ -73,11 +73,13 @@ def package_versions(names: tuple[str, ...]) -> str:
 
 
 def run_line(threads: list[int], peers: tuple[str, ...] = (),
-             isas: list[str] | None = None, details: tuple[str, ...] = ()) -> str:
+             isas: list[str] | None = None, details: tuple[str, ...] = (),
+             loads: bool = True) -> str:
     """The first line of every bench: what ran. narrowmm's version, the CPU (with its
     family and model on x86) and its features, the ISA rows timed (by default the row in
-    use, marked when NARROWMM_ISA forced it), the thread counts timed, the bench's own
-    ``details``, and the versions of the peers."""
+    use, marked when NARROWMM_ISA forced it), the thread counts timed, with ``loads`` (the
+    benches that load models) where a load's packed weights live (narrowmm._arena), the
+    bench's own ``details``, and the versions of the peers."""
     from .._runtime import runtime_info
 
     info = runtime_info()
@@ -85,8 +87,23 @@ def run_line(threads: list[int], peers: tuple[str, ...] = (),
         isas = [(info["isa"] or "none (the native core did not load)")
                 + (" (NARROWMM_ISA)" if info["isa_forced"] else "")]
     parts = [f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])})",
-             f"isa {', '.join(isas)}", f"threads {', '.join(map(str, threads))}", *details]
+             f"isa {', '.join(isas)}", f"threads {', '.join(map(str, threads))}",
+             *([packed_memory(info["huge_pages"])] if loads else []), *details]
     return "; ".join(parts + ([package_versions(peers)] if peers else []))
+
+
+def packed_memory(huge: dict) -> str:
+    """Where a model's load puts its packed weights, from runtime_info's ``huge_pages``: an
+    arena on transparent huge pages, or NumPy's memory and why."""
+    thp = huge["transparent_huge_pages"]
+    if huge["enabled"] is None:
+        return "a load's packed weights (NARROWMM_HUGE_PAGES is invalid)"
+    if not huge["enabled"]:
+        return "a load's packed weights in NumPy's memory (NARROWMM_HUGE_PAGES=0)"
+    if thp not in ("always", "madvise"):
+        return (f"a load's packed weights in NumPy's memory (transparent huge pages: "
+                f"{thp or 'none'})")
+    return f"a load's packed weights on huge pages ({thp})"
 
 
 def mem_available() -> int:
