@@ -122,7 +122,9 @@ def test_walk_ab_times_every_value_of_the_setting_for_every_format():
 
 
 @pytest.mark.parametrize("args, said", [
-    (["--setting", "threads=1,2"], "--setting names one of streams, decode, prefetch"),
+    (["--setting", "threads=1,2"],
+     "--setting names one of streams, decode, prefetch, huge_pages"),
+    (["--setting", "huge_pages=0,2"], "--setting huge_pages: a value is 0 or 1"),
     (["--setting", "streams=2"], "needs two or more different values"),
     (["--setting", "streams=2,2"], "needs two or more different values"),
     (["--setting", "streams=1,3"], "gemv_streams must be 1, 2 or None, not 3"),
@@ -164,18 +166,55 @@ def test_walk_ab_leaves_the_setting_as_it_found_it(monkeypatch, capsys):
     assert capsys.readouterr().out.count("q8_0 ") == 1
 
 
-def test_walk_ab_takes_a_settings_turns_on_a_gguf_files_decoder():
+def test_walk_ab_packs_each_value_of_a_load_setting_with_its_variable_set(monkeypatch,
+                                                                        capsys):
+    """huge_pages (NARROWMM_HUGE_PAGES) acts where weights are packed: each value gets
+    copies of its own, packed with the variable set to it, which is put back after."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("walk_ab", WALK_AB)
+    walk_ab = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(WALK_AB.parent))
+    spec.loader.exec_module(walk_ab)
+    seen: list[str | None] = []
+    real = walk_ab.more_copies
+
+    def spy(w, count):
+        seen.append(os.environ.get("NARROWMM_HUGE_PAGES"))
+        return real(w, count)
+
+    monkeypatch.setattr(walk_ab, "more_copies", spy)
+    monkeypatch.setenv("NARROWMM_HUGE_PAGES", "1")
+    monkeypatch.setattr(sys, "argv", ["walk_ab.py", "--setting", "huge_pages=0,1",
+                                      "--format", "q4_0", "--format", "q8_0", *TINY_AB])
+    walk_ab.main()
+    assert seen == ["0", "1", "0", "1"]
+    assert os.environ["NARROWMM_HUGE_PAGES"] == "1"
+    header, *rows = capsys.readouterr().out.strip().splitlines()
+    assert "huge_pages = 0, 1 by turns" in header
+    assert [r.split()[0] for r in rows] == ["q4_0", "q8_0"]
+    assert all("0: " in r and "1: " in r and r.count(" ms [") == 2 for r in rows)
+
+
+@pytest.mark.parametrize("setting, first, second", [
+    ("streams=2,1", "2", "1"),  # set call by call on one Decoder
+    ("huge_pages=1,0", "1", "0"),  # a Decoder loaded with each value
+])
+def test_walk_ab_takes_a_settings_turns_on_a_gguf_files_decoder(setting, first, second):
     from conftest import require
 
     require("transformers")
     from test_gguf import smollm2_path
 
-    done = run_walk_ab("--setting", "streams=2,1", "--model", str(smollm2_path()),
+    done = run_walk_ab("--setting", setting, "--model", str(smollm2_path()),
                        "--threads", "1", "--rounds", "2", "--steps", "2")
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.strip().splitlines()[-2:]
-    assert "SmolLM2-135M-Instruct.Q4_1.gguf's Decoder, streams = 2, 1 by turns" in header
-    assert row.startswith("1 thread(s)") and row.count(" ms a step ") == 2
+    name = setting.partition("=")[0]
+    assert (f"SmolLM2-135M-Instruct.Q4_1.gguf's Decoder, {name} = {first}, {second} by turns, "
+            "2 rounds of 2 steps") in header
+    assert row.startswith(f"1 thread(s)  {first}: ") and f" {second}: " in row
+    assert row.count(" ms a step ") == 2
 
 
 def test_walk_ab_refuses_a_missing_model_file(tmp_path):

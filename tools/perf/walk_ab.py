@@ -14,6 +14,12 @@ Settings (the binding's setters; every value keeps the bits, which the tests che
 - ``decode``: the 4-bit decode (``in-place``, ``permute``), ``NARROWMM_NIBBLE_DECODE``
 - ``prefetch``: bytes the packed m <= 2 walks prefetch ahead, ``NARROWMM_GEMV_PREFETCH_BYTES``
 
+and one that acts where weights are packed, so that each value gets weights (copies, or a
+Decoder) of its own, made with the variable set, and the values take turns on them:
+
+- ``huge_pages``: packed weights in a huge-page arena (1) or NumPy's memory (0),
+  ``NARROWMM_HUGE_PAGES``
+
 ``default`` as a value is the row's own choice. Cold: ``--shape`` (4096 x 11008 by default)
 in copies of about ``--copies-mib`` in all, used in rotation, and ``--evict-mib`` of another
 buffer read (one thread, untimed) before each call, then 16 KiB on every thread, which wakes
@@ -37,11 +43,12 @@ one prompt, ``--steps`` greedy steps a run, the values by turns run by run, at e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -66,29 +73,63 @@ def _decode_or_default(text: str) -> str | None:
     return None if text == "default" else text
 
 
+def _zero_or_one(text: str) -> str:
+    if text not in ("0", "1"):
+        raise ValueError(f"a value is 0 or 1, not {text!r}")
+    return text
+
+
 # name -> (parse one value, the setter, the getter of what is forced now)
 SETTINGS: dict[str, tuple[Callable[[str], object], str, str]] = {
     "streams": (_int_or_default, "set_gemv_streams", "get_gemv_streams"),
     "decode": (_decode_or_default, "set_nibble_decode", "get_nibble_decode"),
     "prefetch": (_int_or_default, "set_packed_gemv_ahead", "get_packed_gemv_ahead"),
 }
+# name -> (parse one value, the environment variable read where weights are packed)
+LOAD_SETTINGS: dict[str, tuple[Callable[[str], object], str]] = {
+    "huge_pages": (_zero_or_one, "NARROWMM_HUGE_PAGES"),
+}
+
+
+@contextlib.contextmanager
+def loading_with(name: str, value: object) -> Iterator[None]:
+    """Within it, weights are packed as load setting ``name`` = ``value`` has them (its
+    variable set, then put back as it was); for a call setting, as the environment has it."""
+    if name not in LOAD_SETTINGS:
+        yield
+        return
+    variable = LOAD_SETTINGS[name][1]
+    before = os.environ.get(variable)
+    os.environ[variable] = str(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = before
 
 
 def parse_setting(text: str) -> tuple[str, list[str], list[object]]:
     """``NAME=V1,V2,...`` as the setting's name, its values as given and as parsed."""
     name, _, values = text.partition("=")
-    if name not in SETTINGS:
-        raise ValueError(f"--setting names one of {', '.join(SETTINGS)}, not {name!r}")
+    if name not in SETTINGS and name not in LOAD_SETTINGS:
+        raise ValueError(f"--setting names one of {', '.join([*SETTINGS, *LOAD_SETTINGS])}, "
+                         f"not {name!r}")
     given = [v for v in values.split(",") if v]
     if len(given) < 2 or len(set(given)) != len(given):
         raise ValueError(f"--setting {name} needs two or more different values, as "
                          f"{name}=A,B; got {values!r}")
-    parse = SETTINGS[name][0]
+    parse = (SETTINGS[name] if name in SETTINGS else LOAD_SETTINGS[name])[0]
     try:
         parsed = [parse(v) for v in given]
     except ValueError as e:
         raise ValueError(f"--setting {name}: {e}") from None
     return name, given, parsed
+
+
+def _no_setter(value: object) -> None:
+    """A load setting's stand-in for a setter: its values act where weights are packed."""
 
 
 def rotated(r: int, count: int) -> list[int]:
@@ -98,7 +139,8 @@ def rotated(r: int, count: int) -> list[int]:
 
 def model_ab(model: str, name: str, given: list[str], values: list[object], rounds: int,
              steps: int, thread_counts: list[int]) -> None:
-    """The A/B on a GGUF file's Decoder: median ms a step of each value, by turns."""
+    """The A/B on a GGUF file's Decoder: median ms a step of each value, by turns (a load
+    setting's values each on a Decoder loaded with it)."""
     import transformers
 
     import narrowmm.torch as nmt
@@ -107,18 +149,25 @@ def model_ab(model: str, name: str, given: list[str], values: list[object], roun
 
     path = smollm2_path() if model == "smollm2" else Path(model)
     transformers.utils.logging.disable_progress_bar()
-    decoder = nmt.Decoder(nmt.from_gguf(path, batch_invariant=True, threads=False))
-    setter = getattr(core(), SETTINGS[name][1])
+    decoders = []
+    for v in values if name in LOAD_SETTINGS else values[:1]:
+        with loading_with(name, v):
+            decoders.append(nmt.Decoder(nmt.from_gguf(path, batch_invariant=True,
+                                                      threads=False)))
+    setter = getattr(core(), SETTINGS[name][1]) if name in SETTINGS else None
     prompts = [[1, 504, 3154, 282, 4052, 314, 9, 10]]
     print(f"isa {core().isa()}, {path.name}'s Decoder, {name} = {', '.join(given)} by turns, "
           f"{rounds} rounds of {steps} steps")
     for t in thread_counts:
         nmt.set_num_threads(t)
-        decoder_decode(decoder, prompts, min(steps, 8))  # untimed: the first steps' setup
+        for decoder in decoders:  # untimed: the first steps' setup
+            decoder_decode(decoder, prompts, min(steps, 8))
         step_ms: list[list[float]] = [[] for _ in values]
         for r in range(rounds):
             for v in rotated(r, len(values)):
-                setter(values[v])
+                if setter is not None:
+                    setter(values[v])
+                decoder = decoders[v % len(decoders)]
                 step_ms[v].append(statistics.median(decoder_decode(decoder, prompts, steps)[1]))
         base = statistics.median(step_ms[0])
         print(f"{t} thread(s)  " + "  ".join(
@@ -157,12 +206,14 @@ def main() -> None:
         parser.error(f"--rows must be in 1..64, not {args.rows}")
     if args.rounds < 1 or args.copies_mib < 1 or args.evict_mib < 0:
         parser.error("--rounds and --copies-mib must be positive, --evict-mib not negative")
-    # a format's copies while the last one's are freed, and the buffer read between calls
+    # a format's copies (a set a value for a load setting) while the last one's are freed,
+    # and the buffer read between calls
+    sets = len(values) if name in LOAD_SETTINGS else 1
+    need_mib = 2 * sets * args.copies_mib + args.evict_mib
     available_mib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
-    if not args.model and 2 * args.copies_mib + args.evict_mib > available_mib // 2:
+    if not args.model and need_mib > available_mib // 2:
         parser.error(f"--copies-mib {args.copies_mib} and --evict-mib {args.evict_mib} need "
-                     f"{2 * args.copies_mib + args.evict_mib} MiB, more than half of the "
-                     f"{available_mib} MiB available")
+                     f"{need_mib} MiB, more than half of the {available_mib} MiB available")
     if args.threads is not None and not args.model:
         parser.error("--threads is for --model; the calls alone take NARROWMM_NUM_THREADS")
     if args.model and args.formats:
@@ -183,20 +234,21 @@ def main() -> None:
         except (KeyError, ValueError) as e:
             parser.error(f"--format {fmt}: {e}")
     c = core()
-    _, setter, getter = SETTINGS[name]
-    before = getattr(c, getter)()
+    # a call setting's setter; a load setting has none (its values are in the weights)
+    setter = getattr(c, SETTINGS[name][1]) if name in SETTINGS else _no_setter
+    before = getattr(c, SETTINGS[name][2])() if name in SETTINGS else None
     try:  # the binding's own checks, before anything is timed
         for v in values:
-            getattr(c, setter)(v)
+            setter(v)
     except ValueError as e:
         parser.error(f"--setting {name}: {e}")
     finally:
-        getattr(c, setter)(before)
+        setter(before)
     if args.model:
         try:
             model_ab(args.model, name, given, values, args.rounds, args.steps, thread_counts)
         finally:
-            getattr(c, setter)(before)
+            setter(before)
         return
     rng = np.random.default_rng(0)
     x = ((rng.random((args.rows, k), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
@@ -214,22 +266,25 @@ def main() -> None:
     try:
         for fmt in args.formats or DEFAULT_FORMATS:
             w = weights(fmt, k, n, rng)
-            first, nbytes = packed(w)
+            nbytes = packed(w)[1]
             count = max(2, (args.copies_mib << 20) // nbytes)
-            mats = [first, *more_copies(w, count - 1)]
-            for mat in mats:  # each copy's first call, untimed
+            copies = []  # a set of copies, or one a value of a load setting
+            for v in values[:sets]:
+                with loading_with(name, v):
+                    copies.append(more_copies(w, count))
+            for mat in (m for mats in copies for m in mats):  # each copy's first call, untimed
                 nm.matmul(x, mat, out=out)
             times: list[list[float]] = [[] for _ in values]
             call = 0
             for r in range(args.rounds):
                 for v in rotated(r, len(values)):
-                    getattr(c, setter)(values[v])
+                    setter(values[v])
                     if evict is not None:
                         c.probe_read(1, evict)
                     if threads > 1:  # the workers woken, as a model's previous layer leaves them
                         c.probe_read(threads, wake)
                     start = time.perf_counter()
-                    nm.matmul(x, mats[call % count], out=out)
+                    nm.matmul(x, copies[v % sets][call % count], out=out)
                     times[v].append(time.perf_counter() - start)
                     call += 1
             base = statistics.median(times[0])
@@ -241,7 +296,7 @@ def main() -> None:
                              f"{base / statistics.median(t):.3f}x")
             print(f"{fmt:6} {count} copies  " + "  ".join(cells), flush=True)
     finally:
-        getattr(c, setter)(before)
+        setter(before)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 
 import narrowmm as nm
+from narrowmm._arena import weight_arena
 from narrowmm._arrays import aligned_empty
 from narrowmm.bench.kernels import gguf_converted_weights
 from narrowmm.bench.machine import l3_bytes
@@ -63,9 +64,12 @@ def packed(w: nm.Weights) -> tuple[nm.PackedWeights, int]:
 
 
 def more_copies(w: nm.Weights, count: int) -> list[nm.PackedWeights]:
-    """``count`` more packed copies of ``w``, each on bits of its own (as :func:`packed`)."""
-    return [packed(nm.Weights.from_bits(w.bits.copy(), w.format, w.scales, w.offsets))[0]
-            for _ in range(count)]
+    """``count`` packed copies of ``w``, each on bits of its own (as :func:`packed`), side by
+    side on huge pages as a model's load places them (``weight_arena``; its setting,
+    NARROWMM_HUGE_PAGES, read now)."""
+    with weight_arena():
+        return [packed(nm.Weights.from_bits(w.bits.copy(), w.format, w.scales, w.offsets))[0]
+                for _ in range(count)]
 
 
 def median_seconds(call: Callable[[int], object], calls: int) -> float:
@@ -85,8 +89,8 @@ def walk_seconds(fmt: str, k: int, n: int, copies: int, calls: int, rng: np.rand
     """Median seconds of a call with ``m`` rows of x on ``copies`` packed (k, n) matrices in
     rotation, and the stored bytes of one."""
     w = weights(fmt, k, n, rng)
-    first, nbytes = packed(w)
-    mats = [first, *more_copies(w, copies - 1)]
+    nbytes = packed(w)[1]
+    mats = more_copies(w, copies)
     x = ((rng.random((m, k), dtype=np.float32) - 0.5) * 0.1).astype(np.float32)
     out = np.empty((m, n), np.float32)
     return median_seconds(lambda i: nm.matmul(x, mats[i % len(mats)], out=out), calls), nbytes
