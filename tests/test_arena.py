@@ -163,7 +163,8 @@ def test_a_bad_setting_is_refused_by_name_and_reported(monkeypatch, capsys):
     assert info["huge_pages"]["enabled"] is None
     assert "NARROWMM_HUGE_PAGES" in info["environment_problems"]
     nm.show_runtime()
-    assert "a load's packed weights: see PROBLEM above" in capsys.readouterr().out
+    assert ("a load's packed weights: unknown (NARROWMM_HUGE_PAGES is invalid) (see PROBLEM "
+            "above)") in capsys.readouterr().out
     monkeypatch.setenv("NARROWMM_HUGE_PAGES", "0")
     assert nm.runtime_info()["huge_pages"]["enabled"] is False
     assert "NARROWMM_HUGE_PAGES" not in nm.runtime_info()["environment_problems"]

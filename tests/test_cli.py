@@ -255,18 +255,23 @@ def test_run_line_without_the_native_core_or_a_peer(monkeypatch):
 
 
 @pytest.mark.parametrize("enabled, thp, said", [
-    (True, "madvise", "on huge pages (madvise)"),
-    (True, "always", "on huge pages (always)"),
+    (True, "madvise", "in an arena on huge pages (madvise)"),
+    (True, "always", "in an arena on huge pages (always)"),
     (True, "never", "in NumPy's memory (transparent huge pages: never)"),
     (True, None, "in NumPy's memory (transparent huge pages: none)"),
     (False, "madvise", "in NumPy's memory (NARROWMM_HUGE_PAGES=0)"),
-    (None, "madvise", "(NARROWMM_HUGE_PAGES is invalid)"),
+    (None, "madvise", "unknown (NARROWMM_HUGE_PAGES is invalid)"),
 ])
-def test_the_run_line_says_where_packed_weights_live(enabled, thp, said):
-    from narrowmm.bench.machine import packed_memory
+def test_the_model_benches_say_where_a_loads_packed_weights_live(monkeypatch, enabled, thp,
+                                                                 said):
+    from narrowmm import _runtime
+    from narrowmm.bench.machine import run_line
 
-    assert packed_memory({"enabled": enabled,
-                          "transparent_huge_pages": thp}) == "a load's packed weights " + said
+    huge = {"enabled": enabled, "transparent_huge_pages": thp}
+    info = {**_runtime.runtime_info(), "huge_pages": huge}
+    monkeypatch.setattr(_runtime, "runtime_info", lambda: info)
+    assert f"; threads 1; a load's packed weights {said}; " in run_line([1], ("torch",))
+    assert "packed weights" not in run_line([1], ("torch",), loads=False)
 
 
 def test_bench_model_minilm_quick():

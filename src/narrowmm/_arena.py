@@ -56,6 +56,20 @@ def transparent_huge_pages() -> str | None:
     return text[start + 1:end] if 0 <= start < end else None
 
 
+def placement(huge: dict) -> str:
+    """Where a load's packed weights go, in words, from runtime_info's ``huge_pages``
+    (``enabled``: NARROWMM_HUGE_PAGES read, None for a bad value; ``transparent_huge_pages``:
+    the kernel's mode)."""
+    thp = huge["transparent_huge_pages"]
+    if huge["enabled"] is None:
+        return "unknown (NARROWMM_HUGE_PAGES is invalid)"
+    if not huge["enabled"]:
+        return "in NumPy's memory (NARROWMM_HUGE_PAGES=0)"
+    if thp not in ("always", "madvise"):
+        return f"in NumPy's memory (transparent huge pages: {thp or 'none'})"
+    return f"in an arena on huge pages ({thp})"
+
+
 class WeightArena:
     """A bump allocator over anonymous private mappings advised for huge pages.
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import _environ
-from ._arena import huge_pages_enabled, transparent_huge_pages
+from ._arena import huge_pages_enabled, placement, transparent_huge_pages
 from ._formats import get_format, operations
 from ._threads import get_num_threads
 from .providers import forced_provider, get_provider, providers, resolve
@@ -263,11 +263,5 @@ def show_runtime(as_json: bool = False) -> None:
         setting = {True: "", False: " (off: NARROWMM_FACTORED_SCALES=0)",
                    None: " (see PROBLEM above)"}[info["factored_scales_enabled"]]
         print(f"factored scales (the K types, packed): {info['factored_scales']}{setting}")
-    huge = info["huge_pages"]
-    thp = huge["transparent_huge_pages"]
-    where = ("see PROBLEM above" if huge["enabled"] is None
-             else "NumPy's memory (NARROWMM_HUGE_PAGES=0)" if not huge["enabled"]
-             else f"NumPy's memory (transparent huge pages: {thp or 'none here'})"
-             if thp not in ("always", "madvise")
-             else f"an arena on transparent huge pages ({thp})")
-    print(f"a load's packed weights: {where}")
+    problem = " (see PROBLEM above)" if info["huge_pages"]["enabled"] is None else ""
+    print(f"a load's packed weights: {placement(info['huge_pages'])}{problem}")

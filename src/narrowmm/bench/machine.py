@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arena import placement
 from .._arrays import aligned_empty
 from .._threads import get_num_threads, set_num_threads
 from ..providers.native import core, use_isa
@@ -88,22 +89,9 @@ def run_line(threads: list[int], peers: tuple[str, ...] = (),
                 + (" (NARROWMM_ISA)" if info["isa_forced"] else "")]
     parts = [f"narrowmm {info['version']} on {info['cpu']} ({', '.join(info['cpu_features'])})",
              f"isa {', '.join(isas)}", f"threads {', '.join(map(str, threads))}",
-             *([packed_memory(info["huge_pages"])] if loads else []), *details]
+             *([f"a load's packed weights {placement(info['huge_pages'])}"] if loads else []),
+             *details]
     return "; ".join(parts + ([package_versions(peers)] if peers else []))
-
-
-def packed_memory(huge: dict) -> str:
-    """Where a model's load puts its packed weights, from runtime_info's ``huge_pages``: an
-    arena on transparent huge pages, or NumPy's memory and why."""
-    thp = huge["transparent_huge_pages"]
-    if huge["enabled"] is None:
-        return "a load's packed weights (NARROWMM_HUGE_PAGES is invalid)"
-    if not huge["enabled"]:
-        return "a load's packed weights in NumPy's memory (NARROWMM_HUGE_PAGES=0)"
-    if thp not in ("always", "madvise"):
-        return (f"a load's packed weights in NumPy's memory (transparent huge pages: "
-                f"{thp or 'none'})")
-    return f"a load's packed weights on huge pages ({thp})"
 
 
 def mem_available() -> int:
