@@ -154,7 +154,7 @@ def model_ab(model: str, name: str, given: list[str], values: list[object], roun
         with loading_with(name, v):
             decoders.append(nmt.Decoder(nmt.from_gguf(path, batch_invariant=True,
                                                       threads=False)))
-    setter = getattr(core(), SETTINGS[name][1]) if name in SETTINGS else None
+    setter = getattr(core(), SETTINGS[name][1]) if name in SETTINGS else _no_setter
     prompts = [[1, 504, 3154, 282, 4052, 314, 9, 10]]
     print(f"isa {core().isa()}, {path.name}'s Decoder, {name} = {', '.join(given)} by turns, "
           f"{rounds} rounds of {steps} steps")
@@ -165,8 +165,7 @@ def model_ab(model: str, name: str, given: list[str], values: list[object], roun
         step_ms: list[list[float]] = [[] for _ in values]
         for r in range(rounds):
             for v in rotated(r, len(values)):
-                if setter is not None:
-                    setter(values[v])
+                setter(values[v])
                 decoder = decoders[v % len(decoders)]
                 step_ms[v].append(statistics.median(decoder_decode(decoder, prompts, steps)[1]))
         base = statistics.median(step_ms[0])
