@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ._arrays import CACHE_LINE, aligned_empty
+from ._arrays import CACHE_LINE, aligned_empty, array_bytes
 from ._environ import switch
 
 HUGE_PAGE = 2 << 20  # x86-64's and AArch64's (4 KiB granule) transparent huge page
@@ -116,11 +116,7 @@ class WeightArena:
 
     def empty(self, shape: int | tuple[int, ...], dtype: object) -> np.ndarray:
         """An uninitialised C-contiguous array in the arena, on a cache line."""
-        dt = np.dtype(dtype)
-        dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        if any(d < 0 for d in dims):
-            raise ValueError(f"negative dimensions are not allowed: {dims}")
-        nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+        dims, dt, nbytes = array_bytes(shape, dtype)
         with self._lock:
             self.handed_out += nbytes
             if 2 * nbytes > self.chunk:  # a mapping of its own, the current one kept

@@ -41,6 +41,20 @@ def flat_aligned(a: np.ndarray) -> np.ndarray:
 CACHE_LINE = 64
 
 
+def array_bytes(shape: int | tuple[int, ...],
+                dtype: object) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``shape`` as a tuple, ``dtype`` as a NumPy dtype, and the bytes of such an array.
+
+    Raises:
+        ValueError: a negative dimension.
+    """
+    dt = np.dtype(dtype)
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"negative dimensions are not allowed: {dims}")
+    return dims, dt, int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+
+
 def aligned_empty(shape: int | tuple[int, ...], dtype: object,
                   alignment: int = CACHE_LINE) -> np.ndarray:
     """An uninitialised C-contiguous array whose first element (an empty one has none)
@@ -48,9 +62,7 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: object,
     itself only promises the element size."""
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two, got {alignment}")
-    dt = np.dtype(dtype)
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+    dims, dt, nbytes = array_bytes(shape, dtype)
     raw = np.empty(nbytes + alignment, np.uint8)
     start = -raw.ctypes.data % alignment
     return raw[start:start + nbytes].view(dt).reshape(dims)
