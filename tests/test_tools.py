@@ -5,6 +5,7 @@ the call)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,88 @@ def test_walk_ab_takes_a_settings_turns_on_a_gguf_files_decoder(setting, first, 
 def test_walk_ab_refuses_a_missing_model_file(tmp_path):
     done = run_walk_ab("--setting", "streams=1,2", "--model", str(tmp_path / "none.gguf"))
     assert done.returncode == 2 and "--model: no such file" in done.stderr
+
+
+# ---- tools/perf/build_ab.py: an A/B of two builds of the C core in one process ------------
+
+BUILD_AB = ROOT / "tools" / "perf" / "build_ab.py"
+TINY_BUILD_AB = ["--shape", "64x256", "--rows", "9", "--rounds", "3", "--evict-mib", "1",
+                 "--copies-mib", "1"]
+
+
+def two_cores(tmp_path: Path) -> tuple[Path, Path]:
+    """Two files of the installed extension, each in a build directory of its own."""
+    import narrowmm
+
+    (core,) = Path(narrowmm.__file__).parent.glob("_core*")
+    dirs = (tmp_path / "a", tmp_path / "b")
+    for d in dirs:
+        d.mkdir()
+        shutil.copy2(core, d / core.name)
+    return dirs
+
+
+def run_build_ab(*args: str, patch: str = "") -> subprocess.CompletedProcess:
+    """build_ab's main in a fresh interpreter, after ``patch`` (Python, with the tool as
+    ``build_ab``)."""
+    code = (f"import importlib.util, sys\nsys.argv = ['build_ab.py', *{list(args)!r}]\n"
+            f"spec = importlib.util.spec_from_file_location('build_ab', {str(BUILD_AB)!r})\n"
+            "build_ab = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(build_ab)\n" + patch + "build_ab.main()\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_build_ab_times_both_builds_on_their_own_package_copies(tmp_path):
+    a, b = two_cores(tmp_path)
+    done = run_build_ab("--a", str(a), "--b", str(b), "--format", "q8_0", "--format", "bf16",
+                        *TINY_BUILD_AB)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.strip().splitlines()
+    assert "(narrowmm_a)" in header and "(narrowmm_b)" in header
+    assert "; m = 9, " in header and "64 x 256 packed, by turns, 3 rounds, 1 MiB read" in header
+    assert [r.split()[0] for r in rows] == ["q8_0", "bf16"]
+    assert all(" ms  B " in r and "x the speed of A" in r for r in rows)
+
+
+def test_build_ab_refuses_builds_whose_products_differ(tmp_path):
+    a, b = two_cores(tmp_path)
+    # build B's matmul then flips the last bit of every product
+    patch = ("load = build_ab.load_build\n"
+             "def load_build(label, core, into):\n"
+             "    nm = load(label, core, into)\n"
+             "    if label == 'b':\n"
+             "        real = nm.matmul\n"
+             "        def matmul(x, w, out):\n"
+             "            real(x, w, out=out)\n"
+             "            out.view('uint32')[...] ^= 1\n"
+             "        nm.matmul = matmul\n"
+             "    return nm\n"
+             "build_ab.load_build = load_build\n")
+    done = run_build_ab("--a", str(a), "--b", str(b), "--format", "q4_0", *TINY_BUILD_AB,
+                        patch=patch)
+    assert done.returncode != 0
+    assert "q4_0: the builds' products differ" in done.stderr
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--shape", "4096"], "--shape is k x n"),
+    (["--rows", "0"], "--rows must be in 1..256"),
+    (["--rounds", "0"], "--rounds and --copies-mib must be positive"),
+    (["--copies-mib", "100000000"], "more than half of the"),
+    (["--format", "q9_9"], "--format q9_9"),
+])
+def test_build_ab_refuses_bad_arguments(tmp_path, args, said):
+    a, b = two_cores(tmp_path)
+    done = run_build_ab("--a", str(a), "--b", str(b), *args)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_build_ab_refuses_a_directory_without_one_extension_and_the_same_one_twice(tmp_path):
+    a, _ = two_cores(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = run_build_ab("--a", str(a), "--b", str(empty))
+    assert done.returncode == 2 and "holds 0 _core extensions, not one" in done.stderr
+    done = run_build_ab("--a", str(a), "--b", str(a))
+    assert done.returncode == 2 and "--a and --b are the same extension" in done.stderr

@@ -58,6 +58,7 @@ from narrowmm._arrays import aligned_empty
 from narrowmm.providers.native import core
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness_args import check_run, shape_of
 from walk_rates import more_copies, packed, weights  # the same weights as walk_rates
 
 DEFAULT_FORMATS = ("q4_0", "q8_0")
@@ -197,22 +198,15 @@ def main() -> None:
         name, given, values = parse_setting(args.setting)
     except ValueError as e:
         parser.error(str(e))
-    dims = args.shape.split("x")
-    if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
-        parser.error(f"--shape is k x n in positive integers, as 4096x11008; not {args.shape!r}")
-    k, n = int(dims[0]), int(dims[1])
-    if not 1 <= args.rows <= 64:
-        parser.error(f"--rows must be in 1..64, not {args.rows}")
-    if args.rounds < 1 or args.copies_mib < 1 or args.evict_mib < 0:
-        parser.error("--rounds and --copies-mib must be positive, --evict-mib not negative")
     # a format's copies (a set a value for a load setting) while the last one's are freed,
-    # and the buffer read between calls
+    # and the buffer read between calls (none of it with --model)
     sets = len(values) if name in LOAD_SETTINGS else 1
-    need_mib = 2 * sets * args.copies_mib + args.evict_mib
-    available_mib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
-    if not args.model and need_mib > available_mib // 2:
-        parser.error(f"--copies-mib {args.copies_mib} and --evict-mib {args.evict_mib} need "
-                     f"{need_mib} MiB, more than half of the {available_mib} MiB available")
+    need_mib = 0 if args.model else 2 * sets * args.copies_mib + args.evict_mib
+    try:
+        k, n = shape_of(args.shape, "4096x11008")
+        check_run(args.rows, 64, args.rounds, args.copies_mib, args.evict_mib, need_mib)
+    except ValueError as e:
+        parser.error(str(e))
     if args.threads is not None and not args.model:
         parser.error("--threads is for --model; the calls alone take NARROWMM_NUM_THREADS")
     if args.model and args.formats:
