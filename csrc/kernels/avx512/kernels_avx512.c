@@ -216,6 +216,13 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
  * block. Against 64 rows (Zen 4, cold, one thread, m = 8): Q8_0 896 x 4864 1.09x, 4096 x
  * 4096 1.06x, e4m3fn 1.05x; m = 16 1.03x. */
 #define BYTE_GROUP_AHEAD_ROWS 128
+/* Where those rows go: into L2 on Intel CPUs, into L1 elsewhere (nm_fill_row_avx512). Into
+ * L1, 16 KiB of the next block joins the block's codes, the 16 KiB sliver and A's panels
+ * in a 48 KiB L1 and pushes out lines still in use. On an Intel Xeon, in one process against
+ * L1, the byte formats ran 1.07-1.18x at m = 8, 1.05-1.11x at m = 16, 1.01-1.08x at 32 and
+ * 64 (cold, 1 and 2 threads; docs/results/tile-prefetch-l2-xeon-2026-12-08.txt); the 4-bit
+ * tile's prefetch into L2 did not move. Untimed on AMD's CPUs, which keep L1. */
+static _Atomic int byte_group_ahead_l2_avx512;
 
 #define NM_DEFINE_TILE_PACK(TILE, ROWS, ITEM, LOAD16, SCV)                                   \
     static void TILE(int64_t kc, const float *ap, const uint8_t *b, int64_t ldb, float *bp,  \
@@ -224,11 +231,17 @@ static void ukernel_8x32_avx512(int64_t kc, int64_t mr, int64_t nr, const float 
         PREFETCH_C_TILE(c_next, ldc);                                                        \
         ROWS##LOAD_C(c, ldc)                                                                 \
         const int64_t ahead = SLIVER_AHEAD_BYTES(ldb, ITEM);                                 \
+        const int to_l2 = (ITEM) == 1 && ldb == PACKED_LDB(1) &&                             \
+                          atomic_load_explicit(&byte_group_ahead_l2_avx512,                  \
+                                               memory_order_relaxed);                        \
         NM_TILE_SCALES_INIT_(s, kc, bk, 1);                                                  \
         for (int64_t p = 0; p < kc; ++p) {                                                   \
             NM_TILE_SCALES_NEXT_(s, o, bk, lds, 1);                                          \
             const uint8_t *src = b + p * ldb;                                                \
-            PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                     \
+            if (to_l2) /* one line a row: a byte sliver's row is 32 bytes */                 \
+                _mm_prefetch((const char *)src + ahead, _MM_HINT_T1);                        \
+            else                                                                             \
+                PREFETCH_SLIVER_ROW_AHEAD(src, ITEM, ahead);                                 \
             const __m512 b0 = SCV(LOAD16(src), s, o);                                        \
             const __m512 b1 = SCV(LOAD16(src + 16 * (ITEM)), s + 16, o + 16);                \
             _mm512_store_ps(bp + p * NR, b0);                                                \
@@ -1087,6 +1100,7 @@ NM_ROW_FILL void nm_fill_row_avx512(nm_isa_kernels *row) {
     row->packed_gemv_ahead = nm_x86_is_intel() ? PACKED_GEMV_AHEAD_INTEL : 0;
     atomic_store_explicit(&packed_gemv_ahead_avx512, row->packed_gemv_ahead,
                           memory_order_relaxed);
+    atomic_store_explicit(&byte_group_ahead_l2_avx512, nm_x86_is_intel(), memory_order_relaxed);
     row->nibble_decode = nm_x86_is_intel() ? NM_NIBBLE_DECODE_PERMUTE : NM_NIBBLE_DECODE_IN_PLACE;
     atomic_store_explicit(&nibble_decode_avx512, row->nibble_decode, memory_order_relaxed);
     /* two groups a call at m = 1 on Intel CPUs (gemv_packed_pair): untimed on AMD's */
