@@ -58,6 +58,16 @@ def test_info_text(capsys):
             f"{nm.runtime_info()['factored_scales']}") in text
 
 
+def test_info_into_a_pipe_its_reader_closed_ends_quietly():
+    # as `narrowmm info | head -1`: the reader gone before the command writes
+    with subprocess.Popen([sys.executable, "-m", "narrowmm", "info"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as p:
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 1
+    assert err == ""  # no BrokenPipeError traceback, now or at the interpreter's exit
+
+
 def test_cpu_model_names_the_x86_family_and_model(tmp_path):
     """A virtual machine may call its CPU no more than "AMD EPYC": the family and model
     numbers of the first CPU's block tell its generation; other fields and other CPUs'

@@ -150,8 +150,22 @@ def _check_bench_options(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``narrowmm`` command: ``info``, ``check`` or ``bench``; its exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        status = _run(parser, args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+    except BrokenPipeError:
+        # the reader left (``narrowmm info | head``): no traceback, and none again when
+        # Python flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "bench":
         _check_bench_options(parser, args)
     if args.command == "info":
