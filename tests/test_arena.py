@@ -143,6 +143,31 @@ def test_weights_packed_within_an_arena_lie_in_it_with_the_same_bits(arena_on, f
     assert_same_bits(nm.matmul(x, inside), nm.matmul(x, outside))
 
 
+def test_layers_built_one_by_one_in_the_public_arena_share_it_with_the_same_bits(arena_on):
+    """``nm.weight_arena()`` around layers made one at a time (``nm.Linear(..., pack=True)``
+    from PyTorch's layout and from Weights): every layer's packed bits and grid lie in the
+    one arena (the grid made at construction, not at the first call after the block), they
+    outlive the block, and the outputs are those of layers built outside."""
+    assert nm.weight_arena is weight_arena and nm.WeightArena is WeightArena
+    rng = np.random.default_rng(11)
+    k, n = 256, 200
+    torch_layout = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+    q8 = nm.Weights.quantize(rng.standard_normal((k, n), dtype=np.float32), "q8_0")
+    with nm.weight_arena() as arena:
+        inside = [nm.Linear(torch_layout, pack=True), nm.Linear(q8, pack=True)]
+    outside = [nm.Linear(torch_layout, pack=True), nm.Linear(q8, pack=True)]
+    assert arena is not None and arena.mapped == _arena.ARENA_CHUNK  # one mapping for all
+    for layer in inside:
+        assert arena.holds(layer.weights.bits)
+        grid = layer.weights.kernel_scales()
+        assert grid is None or arena.holds(grid[0])
+    assert not any(arena.holds(layer.weights.bits) for layer in outside)
+    gc.collect()
+    x = rng.standard_normal((5, k), dtype=np.float32)
+    for a, b in zip(inside, outside, strict=True):
+        assert_same_bits(a(x), b(x))
+
+
 @pytest.mark.parametrize("setting, thp", [("0", "madvise"), ("0", "always"), ("1", "never"),
                                           ("1", None)])
 def test_no_arena_when_turned_off_or_without_transparent_huge_pages(monkeypatch, setting, thp):

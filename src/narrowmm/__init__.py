@@ -11,6 +11,7 @@ array([[4., 4., 4.],
 from __future__ import annotations
 
 from ._api import decode, encode, matmul
+from ._arena import WeightArena, weight_arena
 from ._environ import EnvironmentVariableError
 from ._formats import FORMATS, Format, get_format
 from ._linear import Linear
@@ -47,6 +48,7 @@ __all__ = [
     "SafetensorsFile",
     "Scales",
     "TorchWeights",
+    "WeightArena",
     "Weights",
     "__version__",
     "decode",
@@ -61,4 +63,5 @@ __all__ = [
     "set_num_threads",
     "show_runtime",
     "use_provider",
+    "weight_arena",
 ]

@@ -137,12 +137,26 @@ _active: contextvars.ContextVar[WeightArena | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def weight_arena() -> Iterator[WeightArena | None]:
-    """Within it, :func:`weights_empty` (the packed bits and kernels' grids that
-    ``Weights.pack`` and ``kernel_scales`` make) draws from one new :class:`WeightArena`, in
-    this context and in contexts copied from it (``contextvars.copy_context``, as worker
-    threads of a load run them). Yields the arena, or None where the arena is off: with
-    ``NARROWMM_HUGE_PAGES=0``, or where the kernel has no transparent huge pages (``never``,
-    or no such setting), where 4 KiB pages would gain nothing over NumPy's.
+    """Pack weights that live as long as a model side by side on transparent huge pages.
+
+    Within it, the packed bits and kernels' grids that :meth:`Weights.pack`,
+    :meth:`PackedWeights.kernel_scales` and ``Linear(..., pack=True)`` make (through
+    :func:`weights_empty`; a packed layer makes its grid at construction, bare packed
+    weights at their first product or ``kernel_scales()``: call it inside for the grid to
+    land here) come from one new :class:`WeightArena`, in this context and in
+    contexts copied from it (``contextvars.copy_context``, as the worker threads of a load
+    run them). ``narrowmm.torch.from_gguf``, ``convert``, ``shard`` and ``load_sharded``
+    open one themselves; open one where layers are built one at a time::
+
+        with nm.weight_arena():
+            layers = [nm.Linear(w, pack=True) for w in weights]
+
+    The bits, and so the products, are those of NumPy's memory; the walks miss the TLB less.
+    A mapping is returned to the system when the last array in it is gone, so arrays
+    outlive the ``with`` block. Yields the arena, or None where the arena is off: with
+    ``NARROWMM_HUGE_PAGES=0``, or where the kernel has no transparent huge pages
+    (``never``, or no such setting), where 4 KiB pages would gain nothing over NumPy's;
+    then packing inside uses NumPy's memory as outside.
 
     Raises:
         EnvironmentVariableError: NARROWMM_HUGE_PAGES is neither 0 nor 1.
