@@ -136,6 +136,8 @@ def test_walk_ab_times_every_value_of_the_setting_for_every_format():
     (["--setting", "streams=1,2", "--copies-mib", "100000000"], "more than half of the"),
     (["--setting", "streams=1,2", "--threads", "2"], "--threads is for --model"),
     (["--setting", "streams=1,2", "--format", "q9_9"], "--format q9_9"),
+    (["--setting", "streams=1,2", "--format", "q6_k", "--shape", "64x256"],
+     "--format q6_k: q6_k (GGUF Q6_K) takes k a positive multiple of its 256-row blocks"),
     (["--setting", "streams=1,2", "--model", "smollm2", "--format", "q4_0"],
      "--format is for the calls alone"),
     (["--setting", "streams=1,2", "--model", "smollm2", "--threads", "0"],
@@ -167,10 +169,15 @@ def test_walk_ab_leaves_the_setting_as_it_found_it(monkeypatch, capsys):
     assert capsys.readouterr().out.count("q8_0 ") == 1
 
 
-def test_walk_ab_packs_each_value_of_a_load_setting_with_its_variable_set(monkeypatch,
-                                                                        capsys):
-    """huge_pages (NARROWMM_HUGE_PAGES) acts where weights are packed: each value gets
-    copies of its own, packed with the variable set to it, which is put back after."""
+@pytest.mark.parametrize("name, variable, formats", [
+    ("huge_pages", "NARROWMM_HUGE_PAGES", ["q4_0", "q8_0"]),
+    ("factored", "NARROWMM_FACTORED_SCALES", ["q4_k", "q6_k"]),
+])
+def test_walk_ab_packs_each_value_of_a_load_setting_with_its_variable_set(monkeypatch, capsys,
+                                                                        name, variable,
+                                                                        formats):
+    """A load setting acts where weights are packed: each value gets copies of its own,
+    packed with its variable set to it, which is put back after."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("walk_ab", WALK_AB)
@@ -181,19 +188,20 @@ def test_walk_ab_packs_each_value_of_a_load_setting_with_its_variable_set(monkey
     real = walk_ab.more_copies
 
     def spy(w, count):
-        seen.append(os.environ.get("NARROWMM_HUGE_PAGES"))
+        seen.append(os.environ.get(variable))
         return real(w, count)
 
     monkeypatch.setattr(walk_ab, "more_copies", spy)
-    monkeypatch.setenv("NARROWMM_HUGE_PAGES", "1")
-    monkeypatch.setattr(sys, "argv", ["walk_ab.py", "--setting", "huge_pages=0,1",
-                                      "--format", "q4_0", "--format", "q8_0", *TINY_AB])
+    monkeypatch.setenv(variable, "1")
+    monkeypatch.setattr(sys, "argv", ["walk_ab.py", "--setting", f"{name}=0,1",
+                                      "--format", formats[0], "--format", formats[1],
+                                      *TINY_AB, "--shape", "256x64"])  # a K type's block
     walk_ab.main()
     assert seen == ["0", "1", "0", "1"]
-    assert os.environ["NARROWMM_HUGE_PAGES"] == "1"
+    assert os.environ[variable] == "1"
     header, *rows = capsys.readouterr().out.strip().splitlines()
-    assert "huge_pages = 0, 1 by turns" in header
-    assert [r.split()[0] for r in rows] == ["q4_0", "q8_0"]
+    assert f"{name} = 0, 1 by turns" in header
+    assert [r.split()[0] for r in rows] == formats
     assert all("0: " in r and "1: " in r and r.count(" ms [") == 2 for r in rows)
 
 
@@ -291,6 +299,8 @@ def test_build_ab_refuses_builds_whose_products_differ(tmp_path):
     (["--rounds", "0"], "--rounds and --copies-mib must be positive"),
     (["--copies-mib", "100000000"], "more than half of the"),
     (["--format", "q9_9"], "--format q9_9"),
+    (["--format", "q4_k", "--shape", "64x256"],
+     "--format q4_k: q4_k (GGUF Q4_K) takes k a positive multiple of its 256-row blocks"),
 ])
 def test_build_ab_refuses_bad_arguments(tmp_path, args, said):
     a, b = two_cores(tmp_path)

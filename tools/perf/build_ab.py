@@ -132,8 +132,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="build_ab_") as tmp:
         builds = {label: load_build(label, core, Path(tmp)) for label, core in cores.items()}
         for fmt in args.formats:
-            try:  # one super-block of rows: the K types' least
-                weights(builds["a"], fmt, 256, 64, 0)
+            try:  # the shape's k, a few columns: a K type's blocks need k a multiple of 256
+                weights(builds["a"], fmt, k, 32, 0)
             except (KeyError, ValueError) as e:
                 parser.error(f"--format {fmt}: {e}")
         run(builds, args.formats or list(DEFAULT_FORMATS), k, n, args)

@@ -19,6 +19,8 @@ Decoder) of its own, made with the variable set, and the values take turns on th
 
 - ``huge_pages``: packed weights in a huge-page arena (1) or NumPy's memory (0),
   ``NARROWMM_HUGE_PAGES``
+- ``factored``: the K types' packed scales as a factored grid (1) or float32 (0),
+  ``NARROWMM_FACTORED_SCALES``
 
 ``default`` as a value is the row's own choice. Cold: ``--shape`` (4096 x 11008 by default)
 in copies of about ``--copies-mib`` in all, used in rotation, and ``--evict-mib`` of another
@@ -89,6 +91,7 @@ SETTINGS: dict[str, tuple[Callable[[str], object], str, str]] = {
 # name -> (parse one value, the environment variable read where weights are packed)
 LOAD_SETTINGS: dict[str, tuple[Callable[[str], object], str]] = {
     "huge_pages": (_zero_or_one, "NARROWMM_HUGE_PAGES"),
+    "factored": (_zero_or_one, "NARROWMM_FACTORED_SCALES"),
 }
 
 
@@ -222,8 +225,8 @@ def main() -> None:
     if args.model and args.model != "smollm2" and not Path(args.model).is_file():
         parser.error(f"--model: no such file: {args.model}")
     for fmt in args.formats:
-        try:  # one super-block of rows: the K types' least
-            weights(fmt, 256, 64, np.random.default_rng(0))
+        try:  # the shape's k, a few columns: a K type's blocks need k a multiple of 256
+            weights(fmt, k, 32, np.random.default_rng(0))
         except (KeyError, ValueError) as e:
             parser.error(f"--format {fmt}: {e}")
     c = core()

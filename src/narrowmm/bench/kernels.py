@@ -127,6 +127,9 @@ def random_blocks(k: int, n: int, fmt: str, rng: np.random.Generator) -> np.ndar
     """The blocks behind :func:`gguf_converted_weights`: ``(n, k / block, type size)``
     bytes, a row's blocks along k (GGUF's layout of an ``(n, k)`` tensor)."""
     t = _ggml_type(fmt)
+    if k < 1 or n < 1 or k % t.block_size:
+        raise ValueError(f"{fmt} (GGUF {t.name}) takes k a positive multiple of its "
+                         f"{t.block_size}-row blocks and n >= 1, not k = {k}, n = {n}")
     nb = k // t.block_size
     blocks = rng.integers(0, 256, (n, nb, t.type_size), dtype=np.uint8)
     for at in FP16_FIELDS[t.name]:
