@@ -69,7 +69,8 @@ def load_build(label: str, core: Path, into: Path) -> ModuleType:
 
 def weights(nm: ModuleType, fmt: str, k: int, n: int, seed: int) -> object:
     """(k, n) weights of ``fmt`` as the kernel bench makes them, from ``seed``: the same
-    values under either build."""
+    values under either build. walk_rates.weights with the package as an argument: that
+    module imports the installed ``narrowmm``, which this process must not load."""
     kernels = importlib.import_module(f"{nm.__name__}.bench.kernels")
     results = importlib.import_module(f"{nm.__name__}.bench.results")
     rng = np.random.default_rng(seed)
