@@ -48,9 +48,7 @@ class Linear:
             tw = weight if isinstance(weight, TorchWeights) else TorchWeights.wrap(
                 _check_rank(as_array(weight, "weight")))
             self.weights = tw.pack() if pack else tw.transpose()
-            if pack:
-                self.weights.kernel_scales()  # now, as Linear.pack makes it
-        if pack and isinstance(self.weights, Weights):
+        if pack:
             self.pack()
         self.bias = None if bias is None else self._bias(bias)
 
@@ -130,9 +128,9 @@ class Linear:
         outputs, faster at batch 1. Returns the layer."""
         if isinstance(self.weights, Weights):
             self.weights = self.weights.pack()
-            # the kernels' grid now rather than at the first call: inside a weight_arena it
-            # then lies there beside the codes
-            self.weights.kernel_scales()
+        # the kernels' grid now rather than at the first call: inside a weight_arena it then
+        # lies there beside the codes
+        self.weights.kernel_scales()
         return self
 
     def __repr__(self) -> str:
